@@ -1,0 +1,213 @@
+"""Send, one process: ralph_mail against the raw append, the original design and the peers.
+
+Each case sends into a fresh file per repetition, and the cases run round-robin
+(bench.common.interleave) so that one burst of outside load hits them all alike.
+Rates are messages per second over the whole batch: one timer around the loop, so
+the clock's own cost is not in the figure.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from bench.common import (
+    CONTENT,
+    METADATA,
+    Row,
+    Section,
+    Sizes,
+    Workspace,
+    interleave,
+    message_dict,
+    optional_module,
+    ralph,
+)
+from bench.peers import PEERS, Peer, open_peer
+
+#: Sends made before the timer starts, so first-call costs (lazy opens) stay out.
+WARMUP = 10
+
+
+def guarded(row: Row, measure: Callable[[], float]) -> Callable[[], None]:
+    """A case that appends one figure to ``row``, or marks the row failed and stops.
+
+    A failing case must not take the other rows with it: the report says what failed.
+    """
+
+    def case() -> None:
+        if row.status != "ok":
+            return
+        try:
+            row.values.append(measure())
+        except Exception as exc:
+            row.status = f"failed: {type(exc).__name__}: {exc}"
+
+    return case
+
+
+def raw_write(ws: Workspace, n: int, sync: bool) -> float:
+    """The limit: one pre-encoded line per ``os.write`` on a kept O_APPEND descriptor."""
+    path = ws.fresh("raw") / "inbox.jsonl"
+    line = ws.line()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        t0 = time.perf_counter()
+        if sync:
+            for _ in range(n):
+                os.write(fd, line)
+                os.fsync(fd)
+        else:
+            for _ in range(n):
+                os.write(fd, line)
+        return n / (time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+
+
+def ralph_send(ws: Workspace, n: int, durable: bool) -> float:
+    """ralph_mail's ``bus.send`` in a loop, the way an agent sends."""
+    rm = ralph()
+    assert not isinstance(rm, str)
+    home = ws.fresh("send")
+    rm.create_team("bench", ["sender", "reader"], home=home)
+    bus = rm.MessageBus("bench", "sender", home=home, durable=durable)
+    text = rm.MessageType.TEXT
+    try:
+        for _ in range(WARMUP):
+            bus.send("reader", text, CONTENT, metadata=METADATA)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            bus.send("reader", text, CONTENT, metadata=METADATA)
+        return n / (time.perf_counter() - t0)
+    finally:
+        bus.close()
+
+
+def original_design(ws: Workspace, n: int, filelock: Any) -> float:
+    """A literal reading of the original design: ``json.dumps``, a new FileLock per
+    message, a text-mode append; id and timestamp made per message as a send must.
+    """
+    d = ws.fresh("original")
+    path, lock_path = d / "reader.jsonl", str(d / "reader.jsonl.lock")
+
+    def send() -> None:
+        msg = {
+            "id": secrets.token_hex(6),
+            "from": "sender",
+            "to": "reader",
+            "type": "text",
+            "content": CONTENT,
+            "metadata": METADATA,
+            "ts": datetime.now(UTC).isoformat(),
+        }
+        with filelock.FileLock(lock_path), open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(msg) + "\n")
+
+    for _ in range(WARMUP):
+        send()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        send()
+    return n / (time.perf_counter() - t0)
+
+
+def json_array(ws: Workspace, size: int, n: int) -> float:
+    """The anti-pattern: the inbox is one JSON array, read and rewritten per message.
+
+    Locked with ``fcntl.flock`` (not filelock) so the figure is the rewrite's cost
+    alone; a temp file plus ``os.replace`` makes it crash-safe, as such tools do.
+    """
+    d = ws.fresh(f"array{size}")
+    path, tmp, lock_path = d / "inbox.json", d / "inbox.json.tmp", d / "inbox.lock"
+    path.write_text(json.dumps([message_dict(i) for i in range(size)]))
+    lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    i = size
+
+    def send() -> None:
+        nonlocal i
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        try:
+            inbox = json.loads(path.read_text(encoding="utf-8"))
+            inbox.append(message_dict(i))
+            i += 1
+            tmp.write_text(json.dumps(inbox), encoding="utf-8")
+            os.replace(tmp, path)
+        finally:
+            fcntl.flock(lock_fd, fcntl.LOCK_UN)
+
+    try:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            send()
+        return n / (time.perf_counter() - t0)
+    finally:
+        os.close(lock_fd)
+
+
+def peer_put(ws: Workspace, peer: Peer, n: int) -> float:
+    """``n`` puts of the same message dict into a fresh peer store."""
+    opened = open_peer(peer, ws.fresh(peer.key))
+    assert not isinstance(opened, str)
+    put, close = opened
+    msg = message_dict(0, ws.template())
+    try:
+        for _ in range(WARMUP):
+            put(msg)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            put(msg)
+        return n / (time.perf_counter() - t0)
+    finally:
+        close()
+
+
+def run(sizes: Sizes, ws: Workspace) -> Section:
+    """Measure every single-process send case, round-robin over ``sizes.reps``."""
+    sec = Section("send", "Send, one process (messages/s)")
+    cases: list[Callable[[], None]] = []
+
+    def add(
+        key: str, label: str, measure: Callable[[], float], anchor: str | None, status: str
+    ) -> None:
+        row = sec.add(Row(key, label, "msg/s", "higher", anchor=anchor, status=status))
+        cases.append(guarded(row, measure))
+
+    rm = ralph()
+    ralph_status = rm if isinstance(rm, str) else "ok"
+    add("raw_write", "raw os.write, O_APPEND (the limit)",
+        lambda: raw_write(ws, sizes.send_n, False), None, "ok")
+    add("raw_write_fsync", "raw os.write + fsync",
+        lambda: raw_write(ws, sizes.durable_n, True), "raw_write", "ok")
+    add("ralph_send", "ralph_mail send",
+        lambda: ralph_send(ws, sizes.send_n, False), "raw_write", ralph_status)
+    add("ralph_send_durable", "ralph_mail send, durable (fsync)",
+        lambda: ralph_send(ws, sizes.durable_n, True), "raw_write_fsync", ralph_status)
+    fl = optional_module("filelock")
+    add("original_design", "original design: json.dumps + new FileLock + text append",
+        lambda: original_design(ws, sizes.peer_n, fl), "raw_write",
+        fl if isinstance(fl, str) else "ok")
+    for peer in PEERS:
+        mod = optional_module(peer.module)
+        add(peer.key, peer.label, lambda p=peer: peer_put(ws, p, sizes.peer_n), "raw_write",
+            mod if isinstance(mod, str) else "ok")
+    for size, n in sizes.array_sends.items():
+        add(f"json_array_{size}", f"JSON-array inbox rewritten per message, {size:,} msgs",
+            lambda s=size, k=n: json_array(ws, s, k), "raw_write", "ok")
+    interleave(sizes.reps, cases)
+    return sec
+
+
+def fastest_peer(sec: Section) -> Row | None:
+    """The peer row with the highest median put rate, among those measured."""
+    rows = [r for r in (sec.row(p.key) for p in PEERS) if r is not None and r.ok]
+    return max(rows, key=lambda r: r.stat.median, default=None)
+
+
+__all__ = ["fastest_peer", "run"]

@@ -1,0 +1,50 @@
+"""One exception tree: every error ralph_mail raises on purpose is a `MailError`.
+
+Each message names the offending value and says how to fix it, so the command
+line can print it as the one line a user sees.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class MailError(Exception):
+    """Base of every error raised on purpose by ralph_mail."""
+
+
+class InvalidName(MailError, ValueError):
+    """A team or agent name does not match the naming rule."""
+
+
+class InvalidMessage(MailError, ValueError):
+    """A message (type, content, metadata, id, size) is refused before anything is written."""
+
+
+class TeamNotFound(MailError, LookupError):
+    """The team has no `team.json` under the home."""
+
+
+class TeamExists(MailError, FileExistsError):
+    """`create_team` was asked for a team that already exists."""
+
+
+class UnknownAgent(MailError, LookupError):
+    """An agent name that is not a member of the team."""
+
+
+class StoreError(MailError, OSError):
+    """The file system refused an operation; `path` names the file."""
+
+    def __init__(self, message: str, path: Path | str | None = None) -> None:
+        super().__init__(message)
+        self.path = Path(path) if path is not None else None
+
+
+class BroadcastError(MailError):
+    """A broadcast reached some inboxes but not all; both lists are attributes."""
+
+    def __init__(self, message: str, delivered: list[str], failed: list[str]) -> None:
+        super().__init__(message)
+        self.delivered = delivered
+        self.failed = failed
