@@ -225,9 +225,9 @@ class MessageBus:
                 starts = list(accumulate([len(line) + 1 for line in lines], initial=offset))
                 self._scanned = starts.pop()
                 if clean and not cursor.acked:
-                    self._pending.extend(zip(starts, messages))  # type: ignore[arg-type]
+                    self._pending.extend(zip(starts, messages, strict=True))  # type: ignore[arg-type]
                     continue
-                for start, line, message in zip(starts, lines, messages):
+                for start, line, message in zip(starts, lines, messages, strict=True):
                     if isinstance(message, Message):
                         if start not in cursor.acked:
                             self._pending.append((start, message))
@@ -311,9 +311,7 @@ class MessageBus:
         kind = check_type(type)
         return self._wait(lambda: self._take(kind), timeout, stop)
 
-    def _wait(
-        self, attempt: Callable[[], _T], timeout: float | None, stop: StopEvent | None
-    ) -> _T:
+    def _wait(self, attempt: Callable[[], _T], timeout: float | None, stop: StopEvent | None) -> _T:
         found = attempt()
         if found or timeout == 0:
             return found
@@ -358,7 +356,8 @@ class MessageBus:
         self.close()
 
     def __repr__(self) -> str:
-        return f"MessageBus(team={self._team.name!r}, agent={self.agent!r}, home={str(self._team.home)!r})"
+        team, home = self._team.name, str(self._team.home)
+        return f"MessageBus(team={team!r}, agent={self.agent!r}, home={home!r})"
 
 
 def _find(entries: list[tuple[int, Message]], message: Message) -> int:
@@ -372,4 +371,3 @@ def _find(entries: list[tuple[int, Message]], message: Message) -> int:
         f"message {message.id} is not among the peeked, unconsumed messages: "
         "commit only a message that peek() returned"
     )
-

@@ -48,3 +48,10 @@ class BroadcastError(MailError):
         super().__init__(message)
         self.delivered = delivered
         self.failed = failed
+
+
+class ProtocolError(MailError, ValueError):
+    """A protocol message (status, plan, shutdown) lacks metadata or has a malformed value.
+
+    The lead answers such a message with this error's text instead of acting on it.
+    """

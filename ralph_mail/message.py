@@ -126,9 +126,7 @@ def check_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
     if metadata is None:
         return {}
     if not isinstance(metadata, Mapping):
-        raise InvalidMessage(
-            f"invalid metadata {metadata!r}: pass a mapping of strings to strings"
-        )
+        raise InvalidMessage(f"invalid metadata {metadata!r}: pass a mapping of strings to strings")
     checked = dict(metadata)
     for key, value in checked.items():
         if not isinstance(key, str) or not isinstance(value, str):
@@ -145,9 +143,7 @@ def check_type(value: object) -> MessageType:
         return value
     found = _TYPES.get(value) if isinstance(value, str) else None
     if found is None:
-        raise InvalidMessage(
-            f"unknown message type {value!r}: use one of {', '.join(_TYPES)}"
-        )
+        raise InvalidMessage(f"unknown message type {value!r}: use one of {', '.join(_TYPES)}")
     return found
 
 

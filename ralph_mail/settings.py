@@ -29,6 +29,22 @@ TAIL_CHUNK_BYTES: Final = 64 * 1024
 #: How long a team operation (create, delete) waits for the roster lock (s).
 ROSTER_LOCK_TIMEOUT_S: Final = 10.0
 
+#: How long a plan review command (``lead --review cmd:...``) may run before it counts as a
+#: rejection (s): a hanging reviewer must not stall the lead's loop for ever.
+PLAN_REVIEW_TIMEOUT_S: Final = 30.0
+#: How long `TeamOrchestrator.request_shutdown` collects answers by default (s).
+SHUTDOWN_TIMEOUT_S: Final = 30.0
+#: How soon an agent that deferred a shutdown ("finishing current task") is asked again (s),
+#: unless it reports idle or done first, which re-asks at once.
+SHUTDOWN_RETRY_S: Final = 2.0
+#: How many handled message ids the lead remembers (and persists) to answer each message
+#: once. Redelivery happens only above the committed cursor, so this bounds the retry
+#: window of senders that resend under the same id, not the inbox size.
+HANDLED_IDS_KEPT: Final = 4096
+#: How far back (lines) a restarted lead looks in a recipient's inbox for a reply it may
+#: have sent just before it died, before sending that reply again.
+RECOVERY_SCAN_LINES: Final = 1000
+
 #: Directory and file modes: mail is private to the user who owns the team.
 DIR_MODE: Final = 0o700
 FILE_MODE: Final = 0o600

@@ -22,6 +22,7 @@ cursor taken before a compaction stays valid after it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -62,10 +63,8 @@ def ensure_dir(path: Path) -> None:
         missing.append(probe)
         probe = probe.parent
     for directory in reversed(missing):
-        try:
+        with contextlib.suppress(FileExistsError):
             os.mkdir(directory, DIR_MODE)
-        except FileExistsError:
-            pass
         os.chmod(directory, DIR_MODE, follow_symlinks=False)
     if path.is_symlink() or not path.is_dir():
         raise StoreError(f"{path} is not a directory (or is a symlink): remove it", path)
@@ -77,7 +76,9 @@ def open_private(path: Path, flags: int) -> int:
         fd = os.open(path, flags | _OPEN_FLAGS, FILE_MODE)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise StoreError(f"{path} is a symlink: refusing to follow it; remove it", path) from None
+            raise StoreError(
+                f"{path} is a symlink: refusing to follow it; remove it", path
+            ) from None
         raise
     if flags & os.O_CREAT:
         try:
@@ -181,7 +182,9 @@ class _CursorFile:
                 best = found
         if best is None:
             if data.strip(b"\0"):
-                raise StoreError(f"cursor {self.path} is damaged: delete it to re-read from the start", self.path)
+                raise StoreError(
+                    f"cursor {self.path} is damaged: delete it to re-read from the start", self.path
+                )
             return Cursor()
         self._seq = best[0]
         return best[1]
@@ -201,7 +204,9 @@ class _CursorFile:
     def save(self, cursor: Cursor) -> None:
         seq = self._seq + 1
         acked = sorted(cursor.acked)
-        body = self._HEAD.pack(seq, cursor.floor, len(acked)) + struct.pack(f"<{len(acked)}q", *acked)
+        body = self._HEAD.pack(seq, cursor.floor, len(acked)) + struct.pack(
+            f"<{len(acked)}q", *acked
+        )
         body += self._CRC.pack(zlib.crc32(body))
         if len(body) > self._slot:
             self._grow(body)
@@ -229,7 +234,7 @@ class _CursorFile:
 class _Writer:
     """A kept descriptor on one inbox for appending, with what the last append saw."""
 
-    __slots__ = ("fd", "end", "last_ts", "pid")
+    __slots__ = ("end", "fd", "last_ts", "pid")
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -241,7 +246,7 @@ class _Writer:
 class _Reader:
     """A kept read-only descriptor on one inbox and the base that goes with its inode."""
 
-    __slots__ = ("fd", "base")
+    __slots__ = ("base", "fd")
 
     def __init__(self, fd: int, base: int) -> None:
         self.fd = fd
@@ -359,10 +364,8 @@ class FileStore:
 
     def _cut_back(self, agent: str, writer: _Writer, size: int) -> None:
         writer.end = -1
-        try:
+        with contextlib.suppress(OSError):  # else the torn tail stays for the next sender
             os.ftruncate(writer.fd, size)
-        except OSError:
-            pass  # the torn tail stays; the next sender sets it aside
 
     def _probe_tail(self, agent: str, writer: _Writer, size: int) -> int:
         """Under the lock: set aside a torn last line, learn the last ts; return the size."""
@@ -374,22 +377,13 @@ class FileStore:
             size = self._quarantine_tail(agent, writer.fd, size)
             writer.last_ts = self._last_ts(writer.fd, size)
         else:
-            found = None
-            for found in _TS_TAIL.finditer(tail):
-                pass
-            if found is not None:
-                writer.last_ts = parse_ts(found.group(1), found.group(2))
-            else:
-                writer.last_ts = self._last_ts(writer.fd, size)
+            stamp = _last_stamp(tail)
+            writer.last_ts = stamp if stamp is not None else self._last_ts(writer.fd, size)
         return size
 
     def _last_ts(self, fd: int, size: int) -> int:
         """The ts of the last whole line (0 when there is none or it has no ts)."""
-        start, line = _last_line(fd, size)
-        found = None
-        for found in _TS_TAIL.finditer(line):
-            pass
-        return parse_ts(found.group(1), found.group(2)) if found else 0
+        return _last_stamp(_last_line(fd, size)[1]) or 0
 
     def _quarantine_tail(self, agent: str, fd: int, size: int) -> int:
         """Move a line left unfinished by a killed writer to the dead letters; cut it off."""
@@ -466,7 +460,9 @@ class FileStore:
             data = os.pread(reader.fd, min(available, READ_MAX_BYTES), position)
             end = data.rfind(b"\n") + 1
             while not end and len(data) < available:  # one line longer than a read
-                more = os.pread(reader.fd, min(available - len(data), READ_MAX_BYTES), position + len(data))
+                more = os.pread(
+                    reader.fd, min(available - len(data), READ_MAX_BYTES), position + len(data)
+                )
                 if not more:
                     break
                 data += more
@@ -558,6 +554,14 @@ class FileStore:
         self._cursors.clear()
 
 
+def _last_stamp(data: bytes) -> int | None:
+    """The last wire timestamp in ``data`` (the ts key comes last but for reply_to)."""
+    found = None
+    for found in _TS_TAIL.finditer(data):  # noqa: B007 - we want the last match
+        pass
+    return parse_ts(found.group(1), found.group(2)) if found else None
+
+
 def _pread_all(fd: int, length: int, offset: int) -> bytes:
     chunks = []
     while length > 0:
@@ -608,7 +612,11 @@ def create_team_files(home: Path, name: str, agents: Iterable[str], roster: byte
     ensure_dir(staging / "mailbox")
     try:
         for agent in agents:
-            os.close(open_private(staging / "mailbox" / f"{agent}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+            os.close(
+                open_private(
+                    staging / "mailbox" / f"{agent}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                )
+            )
         for sub in ("cursors", "deadletters", "bases"):
             ensure_dir(staging / sub)
         fd = open_private(staging / "team.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
@@ -645,7 +653,11 @@ def team_names(home: Path) -> list[str]:
         entries = sorted(os.listdir(teams_dir(home)))
     except FileNotFoundError:
         return []
-    return [e for e in entries if not e.startswith(".") and (teams_dir(home) / e / "team.json").is_file()]
+    return [
+        e
+        for e in entries
+        if not e.startswith(".") and (teams_dir(home) / e / "team.json").is_file()
+    ]
 
 
 def remove_team_files(home: Path, name: str) -> None:

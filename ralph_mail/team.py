@@ -1,8 +1,8 @@
 """The team roster (``team.json``): who is in a team, what each does, and who leads.
 
 Example:
-    >>> team = create_team("demo", ["lead", ("worker-1", "parses logs")], home=tmp)  # doctest: +SKIP
-    >>> team.lead, team.names                                                        # doctest: +SKIP
+    >>> team = create_team("demo", ["lead", ("worker-1", "parses logs")])  # doctest: +SKIP
+    >>> team.lead, team.names                                              # doctest: +SKIP
     ('lead', ('lead', 'worker-1'))
 """
 

@@ -15,7 +15,10 @@ import os
 import time
 import warnings
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from watchfiles._rust_notify import RustNotify
 
 from ralph_mail.settings import WATCH_DEBOUNCE_MS, WATCH_POLL_DELAY_MS, WATCH_STEP_MS
 
@@ -29,6 +32,11 @@ class StopEvent(Protocol):
 def _force_polling() -> bool:
     value = os.environ.get("WATCHFILES_FORCE_POLLING", "")
     return bool(value) and value.lower() not in {"false", "disable", "disabled", "0"}
+
+
+def _notify(cls: type[RustNotify], directory: Path, polling: bool) -> RustNotify:
+    # Arguments: paths, debug, force_polling, poll_delay_ms, recursive, ignore_permission_denied.
+    return cls([str(directory)], False, polling, WATCH_POLL_DELAY_MS, False, False)
 
 
 class Watcher:
@@ -50,7 +58,7 @@ class Watcher:
         self.polling = _force_polling()
         self._notify: RustNotify | None
         try:
-            self._notify = RustNotify([str(directory)], False, self.polling, WATCH_POLL_DELAY_MS, False, False)
+            self._notify = _notify(RustNotify, directory, self.polling)
         except Exception as exc:  # inotify watch or instance limit reached, or no inotify
             if self.polling:
                 raise
@@ -63,7 +71,7 @@ class Watcher:
             )
             self.polling = True
             try:
-                self._notify = RustNotify([str(directory)], False, True, WATCH_POLL_DELAY_MS, False, False)
+                self._notify = _notify(RustNotify, directory, True)
             except Exception:
                 self._notify = None  # last resort: plain timed polling in wait()
 

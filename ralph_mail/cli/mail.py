@@ -1,0 +1,343 @@
+"""Commands for teams and messages: team, send, broadcast, read, wait, tail."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from ralph_mail import settings
+from ralph_mail.cli import EXIT_NOTHING, EXIT_USAGE, error_line
+from ralph_mail.cli.app import Agent, Home, Json, TeamName, app, command, identity
+from ralph_mail.cli.render import print_json_lines, print_messages, print_table
+from ralph_mail.cli.send import SendRequest, parse_meta, read_body
+from ralph_mail.errors import MailError
+
+team_app = typer.Typer(
+    help=(
+        "Create, list, show and delete teams.\n\n"
+        "\b\nExample:\n  ralph-mail team create demo --member lead --member 'worker-1:parses logs'"
+    ),
+    no_args_is_help=True,
+)
+app.add_typer(team_app, name="team")
+
+Meta = Annotated[
+    list[str] | None,
+    typer.Option("--meta", "-m", help="Metadata KEY=VALUE (repeatable).", metavar="KEY=VALUE"),
+]
+
+
+def _member_spec(text: str) -> str | tuple[str, str]:
+    name, sep, description = text.partition(":")
+    return (name, description) if sep else name
+
+
+@team_app.command("create")
+def team_create(
+    name: Annotated[str, typer.Argument(help="The team's name.")],
+    member: Annotated[
+        list[str],
+        typer.Option(
+            "--member",
+            "-m",
+            help="A member, NAME or NAME:description (repeatable).",
+            metavar="NAME[:DESCRIPTION]",
+        ),
+    ],
+    lead: Annotated[
+        str | None, typer.Option("--lead", help="The lead [default: the first member].")
+    ] = None,
+    home: Home = None,
+    json: Json = False,
+) -> None:
+    """Create a team with an empty inbox for every member.
+
+    \b
+    Example:
+      ralph-mail team create demo --member lead --member 'worker-1:parses logs' --lead lead
+    """
+
+    def action() -> None:
+        from ralph_mail.team import create_team
+
+        team = create_team(name, [_member_spec(m) for m in member], home, lead)
+        if json:
+            print_json_lines([_team_record(team)])
+        else:
+            sys.stdout.write(
+                f"created team {team.name} in {team.home}: lead {team.lead}; "
+                f"members {', '.join(team.names)}\n"
+            )
+
+    command(action)
+
+
+def _team_record(team) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    return {
+        "name": team.name,
+        "lead": team.lead,
+        "created": team.created,
+        "members": [
+            {"name": m.name, "description": m.description, "role": m.role} for m in team.members
+        ],
+    }
+
+
+@team_app.command("list")
+def team_list(home: Home = None, json: Json = False) -> None:
+    """List the teams in the home.
+
+    \b
+    Example:
+      ralph-mail team list --home /tmp/mail
+    """
+
+    def action() -> None:
+        from ralph_mail.team import list_teams
+
+        teams = list_teams(home)
+        if json:
+            print_json_lines([_team_record(team) for team in teams])
+        else:
+            rows = [(t.name, t.lead, str(len(t.members)), t.created) for t in teams]
+            print_table(
+                f"teams in {settings.home(home)}", ["team", "lead", "members", "created"], rows
+            )
+
+    command(action)
+
+
+@team_app.command("show")
+def team_show(
+    name: Annotated[str | None, typer.Argument(help="The team [default: --team].")] = None,
+    team: TeamName = None,
+    home: Home = None,
+    json: Json = False,
+) -> None:
+    """Show a team's members, their roles and descriptions.
+
+    \b
+    Example:
+      ralph-mail team show demo
+    """
+
+    def action() -> None:
+        from ralph_mail.team import load_team
+
+        roster = load_team(name or identity(home, team, None).need_team(), home)
+        if json:
+            print_json_lines([_team_record(roster)])
+        else:
+            rows = [(m.name, m.role, m.description) for m in roster.members]
+            print_table(f"team {roster.name}", ["member", "role", "description"], rows)
+
+    command(action)
+
+
+@team_app.command("delete")
+def team_delete(
+    name: Annotated[str, typer.Argument(help="The team to delete.")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask first.")] = False,
+    home: Home = None,
+) -> None:
+    """Delete a team and all its mail; asks first on a terminal unless --yes.
+
+    \b
+    Example:
+      ralph-mail team delete demo --yes
+    """
+
+    def action() -> int:
+        from ralph_mail.team import delete_team, load_team
+
+        load_team(name, home)  # a missing team is an error before any question
+        if not yes:
+            if not sys.stdin.isatty():
+                raise MailError(f"refusing to delete team {name!r} without asking: pass --yes")
+            if not typer.confirm(f"Delete team {name!r} and all its mail?", default=False):
+                error_line(f"team {name!r} kept")
+                return EXIT_USAGE
+        delete_team(name, home)
+        sys.stdout.write(f"deleted team {name}\n")
+        return 0
+
+    command(action)
+
+
+@app.command("send")
+def send(
+    to: Annotated[str, typer.Argument(help="The recipient agent.")],
+    content: Annotated[
+        str | None, typer.Argument(help="The body; '-' or omitted with a pipe: standard input.")
+    ] = None,
+    type: Annotated[
+        str, typer.Option("--type", "-t", help="Message type (text, status_update, ...).")
+    ] = "text",
+    meta: Meta = None,
+    reply_to: Annotated[
+        str | None, typer.Option("--reply-to", help="Id of the message this answers.")
+    ] = None,
+    id: Annotated[
+        str | None, typer.Option("--id", help="Use this id (12 hex), to retry a send safely.")
+    ] = None,
+    home: Home = None,
+    team: TeamName = None,
+    agent: Agent = None,
+    json: Json = False,
+) -> None:
+    """Send a message; prints its id (or the envelope with --json).
+
+    \b
+    Example:
+      ralph-mail send lead 'parsing done' --team demo --agent worker-1
+      git log -1 | ralph-mail send lead --type text --meta topic=commit
+    """
+    request = SendRequest(
+        to, content, type, list(meta or []), reply_to, id, json, identity(home, team, agent)
+    )
+    command(request.run)
+
+
+@app.command("broadcast")
+def broadcast(
+    content: Annotated[
+        str | None, typer.Argument(help="The body; '-' or omitted with a pipe: standard input.")
+    ] = None,
+    meta: Meta = None,
+    home: Home = None,
+    team: TeamName = None,
+    agent: Agent = None,
+    json: Json = False,
+) -> None:
+    """Send one message to every member but me; prints its id.
+
+    \b
+    Example:
+      ralph-mail broadcast 'tests are green' --team demo --agent lead
+    """
+
+    def action() -> None:
+        metadata = parse_meta(meta or [])
+        body = read_body(content, settings.max_message_bytes())
+        bus = identity(home, team, agent).bus()
+        try:
+            message = bus.broadcast(body, metadata)
+        finally:
+            bus.close()
+        if json:
+            print_messages([message], json_out=True)
+        else:
+            sys.stdout.write(message.id + "\n")
+
+    command(action)
+
+
+@app.command("read")
+def read(
+    peek: Annotated[bool, typer.Option("--peek", help="Show without consuming.")] = False,
+    home: Home = None,
+    team: TeamName = None,
+    agent: Agent = None,
+    json: Json = False,
+) -> None:
+    """Print and consume the new messages of my inbox (with --peek: only print).
+
+    \b
+    Example:
+      ralph-mail read --team demo --agent lead --json | jq .content
+    """
+
+    def action() -> None:
+        bus = identity(home, team, agent).bus()
+        try:
+            print_messages(bus.peek() if peek else bus.poll(), json)
+        finally:
+            bus.close()
+
+    command(action)
+
+
+@app.command("wait")
+def wait(
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout", help="Give up after S seconds (exit 1) [default: never].", metavar="S"
+        ),
+    ] = None,
+    type: Annotated[
+        str | None,
+        typer.Option("--type", "-t", help="Wait for this type only; others stay unread."),
+    ] = None,
+    home: Home = None,
+    team: TeamName = None,
+    agent: Agent = None,
+    json: Json = False,
+) -> None:
+    """Block until mail comes; print and consume it. Exit 1 when none came in time.
+
+    \b
+    Example:
+      ralph-mail wait --timeout 30 --type task_assignment --team demo --agent worker-1
+    """
+
+    def action() -> int:
+        if timeout is not None and timeout < 0:
+            raise MailError(f"invalid --timeout {timeout}: give a number of seconds >= 0")
+        bus = identity(home, team, agent).bus()
+        try:
+            if type is None:
+                messages = bus.wait_for_messages(timeout)
+            else:
+                found = bus.wait_for_message(type, timeout)
+                messages = [found] if found is not None else []
+        finally:
+            bus.close()
+        print_messages(messages, json)
+        return 0 if messages else EXIT_NOTHING
+
+    command(action)
+
+
+@app.command("tail")
+def tail(
+    inbox: Annotated[
+        str | None, typer.Argument(help="Whose inbox [default: mine].", metavar="AGENT")
+    ] = None,
+    lines: Annotated[int, typer.Option("-n", "--lines", help="How many messages.")] = 10,
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="Then print new ones.")] = False,
+    everyone: Annotated[bool, typer.Option("--all", help="Merge every inbox of the team.")] = False,
+    home: Home = None,
+    team: TeamName = None,
+    agent: Agent = None,
+    json: Json = False,
+) -> None:
+    """Show the last messages of an inbox without consuming them; -f follows.
+
+    \b
+    Example:
+      ralph-mail tail lead -n 20 --team demo
+      ralph-mail tail --all -f --team demo
+    """
+
+    def action() -> None:
+        from ralph_mail.history import History
+        from ralph_mail.team import load_team
+
+        if lines < 0:
+            raise MailError(f"invalid -n {lines}: give a count >= 0")
+        who = identity(home, team, agent)
+        team_name = who.need_team()
+        agents = list(load_team(team_name, home).names) if everyone else [inbox or who.need_agent()]
+        view = History(team_name, agents, home)
+        try:
+            print_messages(view.last(lines), json)
+            if follow:
+                for batch in view.follow():
+                    print_messages(batch, json)
+        finally:
+            view.close()
+
+    command(action)

@@ -1,0 +1,176 @@
+"""``ralph-mail send``: shared by the typer command and the start-up fast path.
+
+Nothing here imports typer or rich: this module is on the path of every shell send.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ralph_mail.errors import InvalidMessage, MailError
+
+if TYPE_CHECKING:
+    from ralph_mail.bus import MessageBus
+
+
+@dataclass
+class Identity:
+    """Where and who: from options, else ``RALPH_HOME``/``RALPH_TEAM``/``RALPH_AGENT``."""
+
+    home: str | None = None
+    team: str | None = None
+    agent: str | None = None
+
+    def need_team(self) -> str:
+        team = self.team or os.environ.get("RALPH_TEAM")
+        if not team:
+            raise MailError("no team given: pass --team NAME or set RALPH_TEAM")
+        return team
+
+    def need_agent(self) -> str:
+        agent = self.agent or os.environ.get("RALPH_AGENT")
+        if not agent:
+            raise MailError("who is sending? pass --agent NAME or set RALPH_AGENT")
+        return agent
+
+    def bus(self) -> MessageBus:
+        from ralph_mail.bus import MessageBus
+
+        return MessageBus(self.need_team(), self.need_agent(), self.home)
+
+
+def read_body(content: str | None, limit: int) -> str:
+    """The message body: ``content``; standard input for ``-`` or when input is piped.
+
+    Standard input must be UTF-8 and no larger than ``limit``; one trailing newline is
+    dropped, so ``echo hi | ralph-mail send lead`` sends ``hi``.
+    """
+    if content is not None and content != "-":
+        return content
+    if content is None and sys.stdin.isatty():
+        raise MailError("no content: pass CONTENT, or '-' or a pipe to read standard input")
+    raw = sys.stdin.buffer.read(limit + 1)
+    if len(raw) > limit:
+        raise InvalidMessage(
+            f"standard input is over the {limit}-byte message limit: send a shorter body "
+            "or raise RALPH_MAX_MESSAGE_BYTES"
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidMessage(
+            f"standard input is not UTF-8 (byte {raw[exc.start]:#04x} at offset {exc.start}): "
+            "convert it, e.g. with iconv -t UTF-8"
+        ) from None
+    return text[:-1] if text.endswith("\n") else text
+
+
+def parse_meta(pairs: Sequence[str]) -> dict[str, str]:
+    """``k=v`` strings into a dict; a pair without ``=`` is refused."""
+    metadata: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise MailError(f"invalid --meta {pair!r}: write it as KEY=VALUE")
+        metadata[key] = value
+    return metadata
+
+
+@dataclass
+class SendRequest:
+    """One ``send`` as the command line gave it."""
+
+    to: str
+    content: str | None = None
+    type: str = "text"
+    meta: list[str] = field(default_factory=list)
+    reply_to: str | None = None
+    id: str | None = None
+    json: bool = False
+    identity: Identity = field(default_factory=Identity)
+
+    def run(self) -> int:
+        """Send; print the id (or the envelope with ``--json``)."""
+        from ralph_mail import settings
+
+        metadata = parse_meta(self.meta)
+        body = read_body(self.content, settings.max_message_bytes())
+        bus = self.identity.bus()
+        try:
+            message = bus.send(
+                self.to, self.type, body, metadata, reply_to=self.reply_to, id=self.id
+            )
+        finally:
+            bus.close()
+        if self.json:
+            from ralph_mail.message import encode
+
+            sys.stdout.buffer.write(encode(message))
+        else:
+            sys.stdout.write(message.id + "\n")
+        sys.stdout.flush()
+        return 0
+
+
+_VALUED = {
+    "--type": "type",
+    "-t": "type",
+    "--meta": "meta",
+    "-m": "meta",
+    "--reply-to": "reply_to",
+    "--id": "id",
+    "--home": "home",
+    "--team": "team",
+    "--agent": "agent",
+}
+
+
+def parse_fast(args: Sequence[str]) -> SendRequest | None:
+    """Parse ``send``'s arguments without typer; None when typer should handle them.
+
+    Only the exact options of ``send`` are understood here; anything else (``--help``,
+    an unknown option, a missing value) is left to the typer app, so help texts and
+    usage errors come from one place.
+    """
+    positional: list[str] = []
+    values: dict[str, str] = {}
+    meta: list[str] = []
+    json_out = False
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        index += 1
+        if arg == "--json":
+            json_out = True
+        elif arg == "-" or not arg.startswith("-"):
+            positional.append(arg)
+        else:
+            name, sep, value = arg.partition("=")
+            key = _VALUED.get(name)
+            if key is None:
+                return None
+            if not sep:
+                if index >= len(args):
+                    return None
+                value = args[index]
+                index += 1
+            if key == "meta":
+                meta.append(value)
+            else:
+                values[key] = value
+    if not 1 <= len(positional) <= 2:
+        return None
+    return SendRequest(
+        to=positional[0],
+        content=positional[1] if len(positional) > 1 else None,
+        type=values.get("type", "text"),
+        meta=meta,
+        reply_to=values.get("reply_to"),
+        id=values.get("id"),
+        json=json_out,
+        identity=Identity(values.get("home"), values.get("team"), values.get("agent")),
+    )

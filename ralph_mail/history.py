@@ -1,0 +1,100 @@
+"""Reading inboxes without consuming them: the last N messages, and following new ones.
+
+This is what ``ralph-mail tail`` shows. It never moves a cursor, so anyone in the team
+can look at any inbox (the trust boundary is the Unix user, not the agent name).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+
+from ralph_mail.message import BROADCAST_ADDRESS, Message, decode_lines
+from ralph_mail.settings import WATCH_SAFETY_POLL_S
+from ralph_mail.store import FileStore
+from ralph_mail.team import load_team
+from ralph_mail.watch import StopEvent  # watchfiles itself is imported only by Watcher()
+
+
+class History:
+    """A read-only view of some inboxes of a team.
+
+    With several inboxes, messages are merged by timestamp and a broadcast (one id in
+    every inbox it reached) is shown once.
+
+    Example:
+        >>> view = History("demo", ["lead"])         # doctest: +SKIP
+        >>> [m.content for m in view.last(5)]         # doctest: +SKIP
+    """
+
+    def __init__(
+        self, team: str, agents: Sequence[str], home: str | os.PathLike[str] | None = None
+    ) -> None:
+        roster = load_team(team, home)
+        for agent in agents:
+            roster.member(agent)
+        self.agents = list(agents)
+        self._store = FileStore(roster.root)
+        self._offsets: dict[str, int] = {}
+        self._broadcasts_seen: set[str] = set()
+
+    def last(self, count: int) -> list[Message]:
+        """The last ``count`` messages (merged over the inboxes), oldest first.
+
+        Reads back from the end of each inbox, so it costs the same on a huge inbox.
+        Afterwards `follow` continues from here.
+        """
+        merged: list[Message] = []
+        for agent in self.agents:
+            lines, end = self._store.read_tail(agent, count)
+            self._offsets[agent] = end
+            merged.extend(self._decode(lines))
+        merged.sort(key=lambda message: message.ts)
+        return merged[-count:] if count > 0 else []
+
+    def new(self) -> list[Message]:
+        """Messages that arrived since the last call (or since `last`), merged."""
+        merged: list[Message] = []
+        for agent in self.agents:
+            if agent not in self._offsets:
+                self._offsets[agent] = self._store.size(agent)
+                continue
+            while True:
+                data, offset = self._store.read(agent, self._offsets[agent])
+                if not data:
+                    break
+                self._offsets[agent] = offset + len(data)
+                merged.extend(self._decode(data.split(b"\n")[:-1]))
+        merged.sort(key=lambda message: message.ts)
+        return merged
+
+    def follow(self, stop: StopEvent | None = None) -> Iterator[list[Message]]:
+        """Yield each batch of new messages as it arrives, until ``stop`` is set."""
+        from ralph_mail.watch import Watcher
+
+        watcher = Watcher(self._store.mailbox)
+        try:
+            while stop is None or not stop.is_set():
+                batch = self.new()
+                if batch:
+                    yield batch
+                watcher.wait(WATCH_SAFETY_POLL_S, stop)
+        finally:
+            watcher.close()
+
+    def _decode(self, lines: list[bytes]) -> list[Message]:
+        messages = []
+        several = len(self.agents) > 1
+        for message in decode_lines(lines)[0]:
+            if not isinstance(message, Message):
+                continue  # set aside by the owner's reader, with the reason; not shown here
+            if several and message.to_agent == BROADCAST_ADDRESS:
+                if message.id in self._broadcasts_seen:
+                    continue
+                self._broadcasts_seen.add(message.id)
+            messages.append(message)
+        return messages
+
+    def close(self) -> None:
+        """Release the descriptors."""
+        self._store.close()
