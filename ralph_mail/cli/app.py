@@ -55,11 +55,16 @@ def command(action: Callable[[], int | None]) -> None:
         raise typer.Exit(code)
 
 
+def full_app() -> typer.Typer:
+    """The app with every command registered (each command module registers on import)."""
+    from ralph_mail.cli import mail, maintenance, protocol  # noqa: F401
+
+    return app
+
+
 def run(args: Sequence[str]) -> int:
     """Run the typer app on ``args``; usage errors become one line and exit code 2."""
-    from ralph_mail.cli import mail, maintenance, protocol  # noqa: F401  (they register)
-
-    click_command = typer.main.get_command(app)
+    click_command = typer.main.get_command(full_app())
     try:
         result = click_command.main(args=list(args), prog_name="ralph-mail", standalone_mode=False)
     except NoArgsIsHelpError as exc:  # a bare group: show its help, as a usage error
