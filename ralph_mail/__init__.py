@@ -8,7 +8,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ralph_mail.bus import MessageBus
 from ralph_mail.errors import (
@@ -16,6 +16,7 @@ from ralph_mail.errors import (
     InvalidMessage,
     InvalidName,
     MailError,
+    ProtocolError,
     StoreError,
     TeamExists,
     TeamNotFound,
@@ -24,8 +25,36 @@ from ralph_mail.errors import (
 from ralph_mail.message import Message, MessageType
 from ralph_mail.team import Member, Team, create_team, delete_team, list_teams, load_team
 
+if TYPE_CHECKING:
+    from ralph_mail.agent import PlanDecision, Task, TeamAgent
+    from ralph_mail.orchestrator import (
+        AgentProgress,
+        Event,
+        EventKind,
+        Plan,
+        ShutdownReport,
+        TeamOrchestrator,
+    )
+
+# The protocol side costs about 20 ms of imports (subprocess, hashlib, ...) that a shell
+# `ralph-mail send` never needs: it is imported on first use, by __getattr__ below.
+_LAZY = {
+    "AgentProgress": "ralph_mail.orchestrator",
+    "Event": "ralph_mail.orchestrator",
+    "EventKind": "ralph_mail.orchestrator",
+    "Plan": "ralph_mail.orchestrator",
+    "PlanDecision": "ralph_mail.agent",
+    "ShutdownReport": "ralph_mail.orchestrator",
+    "Task": "ralph_mail.agent",
+    "TeamAgent": "ralph_mail.agent",
+    "TeamOrchestrator": "ralph_mail.orchestrator",
+}
+
 __all__ = [
+    "AgentProgress",
     "BroadcastError",
+    "Event",
+    "EventKind",
     "InvalidMessage",
     "InvalidName",
     "MailError",
@@ -33,10 +62,17 @@ __all__ = [
     "Message",
     "MessageBus",
     "MessageType",
+    "Plan",
+    "PlanDecision",
+    "ProtocolError",
+    "ShutdownReport",
     "StoreError",
+    "Task",
     "Team",
+    "TeamAgent",
     "TeamExists",
     "TeamNotFound",
+    "TeamOrchestrator",
     "UnknownAgent",
     "__version__",
     "create_team",
@@ -52,4 +88,8 @@ def __getattr__(name: str) -> Any:
         from importlib.metadata import version
 
         return version("ralph_mail")
+    if name in _LAZY:
+        from importlib import import_module
+
+        return getattr(import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'ralph_mail' has no attribute {name!r}")

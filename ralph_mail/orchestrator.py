@@ -1,0 +1,852 @@
+"""`TeamOrchestrator`: the lead's side of the team protocols.
+
+The lead blocks on its inbox (file events, no fixed-interval polling) and dispatches each
+message by type through `TeamOrchestrator.handlers`, a table users can extend: status
+updates feed the per-agent `progress`, plan submissions go through a review policy and
+are answered, shutdown responses feed the shutdown protocol.
+
+Delivery is at-least-once and handling is idempotent. For each message the lead peeks,
+handles, records the message's id in its state file, then commits its cursor. (A message
+that got no reply is recorded with the rest of its batch instead: handling it again would
+change nothing outside the lead, and a flood of status updates then costs no fsync each.)
+
+* killed before the commit, the message comes again and its recorded id makes it a no-op;
+* killed after replying but before recording, the message comes again and the reply is
+  *derived*: its id depends only on the lead and the message answered
+  (`protocol.derived_id`), and the first message handled after a start looks for that id
+  in the recipient's inbox before sending, so the reply is not sent twice.
+
+The state file (``<team>/orchestrator/<lead>.json``, beside ``mailbox/``) holds the
+recently handled ids and the agents' progress, and is replaced atomically (temp file,
+fsync, rename) through the store's helpers.
+
+Example:
+    >>> orch = TeamOrchestrator("demo", review_plan=lambda p: (True, "go ahead"))  # doctest: +SKIP
+    >>> orch.assign("worker-1", "T-1", "parse the logs")  # doctest: +SKIP
+    >>> orch.run(until=lambda o: o.all_done(), timeout=600)  # doctest: +SKIP
+    >>> orch.progress["worker-1"].state  # doctest: +SKIP
+    'done'
+    >>> orch.request_shutdown(timeout=30).ok  # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
+from types import TracebackType
+from typing import Any
+
+import orjson
+
+from ralph_mail import protocol, store
+from ralph_mail.bus import MessageBus
+from ralph_mail.errors import InvalidMessage, MailError, ProtocolError, StoreError
+from ralph_mail.message import Message, MessageType, check_name
+from ralph_mail.protocol import InboxWaiter
+from ralph_mail.settings import (
+    HANDLED_IDS_KEPT,
+    PLAN_REVIEW_TIMEOUT_S,
+    RECOVERY_SCAN_LINES,
+    SHUTDOWN_RETRY_S,
+    SHUTDOWN_TIMEOUT_S,
+)
+from ralph_mail.team import load_team
+from ralph_mail.watch import StopEvent
+
+_STATE_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A plan submitted to the lead, as a review policy sees it.
+
+    Attributes:
+        agent: who submitted it.
+        text: the plan (the message's content).
+        task: the task it is for (``metadata.task``), or None.
+        message: the plan_submission message itself.
+    """
+
+    agent: str
+    text: str
+    task: str | None
+    message: Message
+
+
+#: A review policy: approve (True) or reject (False), with optional feedback for the agent.
+PlanReviewer = Callable[[Plan], bool | tuple[bool, str]]
+#: A handler of one message type; it may call `TeamOrchestrator.reply`.
+Handler = Callable[[Message], None]
+
+
+@dataclass(frozen=True, slots=True)
+class AgentProgress:
+    """What the lead knows about one teammate.
+
+    Attributes:
+        agent: the teammate's name.
+        state: the last reported state (`protocol.STATES`), or "unknown" before any.
+        task: the task it works on (reported, else the last one assigned), or "".
+        progress: the last reported fraction from 0 to 1, or None.
+        text: the last thing it said (status text, plan, text message).
+        last_seen: ts of its last message, or "".
+        plan: the fate of its last plan: "", "approved" or "rejected".
+        shutdown: "", "requested", "deferred", "accepted", "refused" or "no answer".
+    """
+
+    agent: str
+    state: str = "unknown"
+    task: str = ""
+    progress: float | None = None
+    text: str = ""
+    last_seen: str = ""
+    plan: str = ""
+    shutdown: str = ""
+
+
+class EventKind(StrEnum):
+    """What happened, for a display or a log (see `Event`)."""
+
+    STATUS = "status"
+    PLAN_APPROVED = "plan_approved"
+    PLAN_REJECTED = "plan_rejected"
+    ASSIGNED = "assigned"
+    TEXT = "text"
+    SHUTDOWN_REQUESTED = "shutdown_requested"
+    SHUTDOWN_ACCEPTED = "shutdown_accepted"
+    SHUTDOWN_DEFERRED = "shutdown_deferred"
+    SHUTDOWN_REFUSED = "shutdown_refused"
+    SHUTDOWN_NO_ANSWER = "shutdown_no_answer"
+    ERROR = "error"
+    IGNORED = "ignored"
+    DUPLICATE = "duplicate"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One thing the lead saw or did, passed to the ``on_event`` callback.
+
+    Attributes:
+        kind: an `EventKind`.
+        agent: the teammate concerned.
+        text: a one-line description.
+        message: the message behind it, if any.
+        time: when it happened (seconds since the epoch).
+
+    Example:
+        >>> str(Event(EventKind.STATUS, "worker-1", "working T-1 50%", time=0.0))
+        'worker-1 status: working T-1 50%'
+    """
+
+    kind: EventKind
+    agent: str
+    text: str
+    message: Message | None = None
+    time: float = field(default_factory=time.time)
+
+    def __str__(self) -> str:
+        return f"{self.agent} {self.kind.value}: {self.text}"
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ShutdownReport(Mapping[str, bool | None]):
+    """The outcome of `TeamOrchestrator.request_shutdown`: agent -> accepted?
+
+    A mapping from each agent asked to True (accepted), False (refused) or None (no final
+    answer by the deadline, including agents that kept deferring).
+
+    Attributes:
+        answers: the mapping itself.
+        reasons: what each agent said last (or why there is no answer).
+
+    Example:
+        >>> report = ShutdownReport({"w1": True, "w2": None}, {"w2": "no answer"})
+        >>> report["w1"], report.accepted, report.no_answer, report.ok
+        (True, ('w1',), ('w2',), False)
+    """
+
+    answers: Mapping[str, bool | None]
+    reasons: Mapping[str, str] = field(default_factory=dict)
+
+    def __getitem__(self, agent: str) -> bool | None:
+        return self.answers[agent]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.answers)
+
+    def __len__(self) -> int:
+        return len(self.answers)
+
+    @property
+    def accepted(self) -> tuple[str, ...]:
+        """The agents that accepted."""
+        return tuple(agent for agent, answer in self.answers.items() if answer is True)
+
+    @property
+    def refused(self) -> tuple[str, ...]:
+        """The agents that refused."""
+        return tuple(agent for agent, answer in self.answers.items() if answer is False)
+
+    @property
+    def no_answer(self) -> tuple[str, ...]:
+        """The agents with no final answer by the deadline."""
+        return tuple(agent for agent, answer in self.answers.items() if answer is None)
+
+    @property
+    def ok(self) -> bool:
+        """Whether every agent asked accepted."""
+        return all(answer is True for answer in self.answers.values())
+
+
+@dataclass
+class _Ask:
+    """One agent's part of a shutdown round."""
+
+    requests: set[str]
+    answer: bool | None = None
+    reason: str = ""
+    deferred: bool = False
+    next_ask: float | None = None
+
+
+def approve_all(plan: Plan) -> tuple[bool, str]:
+    """The ``auto`` review policy: approve every plan.
+
+    >>> approve_all(Plan("w1", "step 1", None, None))  # type: ignore[arg-type]
+    (True, 'approved')
+    """
+    return True, "approved"
+
+
+def reject_all(plan: Plan) -> tuple[bool, str]:
+    """The ``reject`` review policy: reject every plan (to exercise an agent's revisions)."""
+    return False, "rejected by policy: revise the plan and submit it again"
+
+
+def command_reviewer(command: str, timeout: float = PLAN_REVIEW_TIMEOUT_S) -> PlanReviewer:
+    """The ``cmd:COMMAND`` review policy: a shell command decides.
+
+    The plan is the command's standard input; ``RALPH_PLAN_AGENT``, ``RALPH_PLAN_TASK``
+    and ``RALPH_PLAN_ID`` are in its environment. Exit status 0 approves, anything else
+    rejects; the feedback is its standard output (else its standard error). A command
+    that cannot start, fails or runs longer than ``timeout`` seconds is a rejection whose
+    feedback says why; a command that times out is killed with its whole process group.
+
+    Example:
+        >>> review = command_reviewer("grep -q test && echo 'looks good'")  # doctest: +SKIP
+        >>> TeamOrchestrator("demo", review_plan=review)  # doctest: +SKIP
+    """
+
+    def review(plan: Plan) -> tuple[bool, str]:
+        env = dict(os.environ)
+        env.update(
+            RALPH_PLAN_AGENT=plan.agent,
+            RALPH_PLAN_TASK=plan.task or "",
+            RALPH_PLAN_ID=plan.message.id,
+        )
+        try:
+            # A session of its own: on a timeout the whole group (a pipeline, a grandchild)
+            # is killed, and a Ctrl-C at the lead's terminal is the lead's to handle.
+            child = subprocess.Popen(
+                ["/bin/sh", "-c", command],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            return False, f"plan review command could not start ({exc.strerror}): {command}"
+        try:
+            out, err = child.communicate(plan.text.encode(), timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(child)
+            return False, f"plan review command timed out after {timeout:g}s: {command}"
+        except BaseException:
+            _kill_group(child)
+            raise
+        feedback = out.decode(errors="replace").strip() or err.decode(errors="replace").strip()
+        if child.returncode == 0:
+            return True, feedback or "approved"
+        return False, feedback or f"rejected by {command!r} (exit status {child.returncode})"
+
+    return review
+
+
+def _kill_group(child: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGKILL)
+    # A grandchild that left the group may hold the pipes open: do not wait for it for ever.
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.communicate(timeout=PLAN_REVIEW_TIMEOUT_S)
+
+
+class TeamOrchestrator:
+    """The team lead: runs the protocols over the lead's inbox.
+
+    Not thread-safe: one thread runs it (handlers run on that thread too).
+
+    Example:
+        >>> orch = TeamOrchestrator("demo", review_plan=lambda p: (True, "ok"))  # doctest: +SKIP
+        >>> orch.assign("worker-1", "T-1", "parse the logs")  # doctest: +SKIP
+        >>> orch.run(until=lambda o: o.all_done(), timeout=600)  # doctest: +SKIP
+        True
+        >>> report = orch.request_shutdown(timeout=30)  # doctest: +SKIP
+        >>> report.accepted, report.refused, report.no_answer  # doctest: +SKIP
+        (('worker-1',), (), ())
+
+    Extend the handler table to act on other messages:
+
+        >>> def show(m): print(m.from_agent, m.content)  # doctest: +SKIP
+        >>> orch.handlers[MessageType.TEXT] = show  # doctest: +SKIP
+
+    Args:
+        team: the team's name; it must exist.
+        home: the mailbox home (default ``$RALPH_HOME`` or ``~/.ralph``).
+        agent: the lead's agent name (default: the roster's lead).
+        review_plan: the plan review policy (default `approve_all`).
+        on_event: called with every `Event` (for a display or a log).
+        durable: fsync each send (default ``$RALPH_DURABLE``, else off).
+    """
+
+    def __init__(
+        self,
+        team: str,
+        home: str | os.PathLike[str] | None = None,
+        *,
+        agent: str | None = None,
+        review_plan: PlanReviewer | None = None,
+        on_event: Callable[[Event], None] | None = None,
+        durable: bool | None = None,
+    ) -> None:
+        lead = agent if agent is not None else load_team(team, home).lead
+        self.bus = MessageBus(team, lead, home, durable=durable)
+        self.agent = self.bus.agent
+        self.review_plan: PlanReviewer = review_plan or approve_all
+        self.on_event = on_event
+        self.handlers: dict[MessageType, Handler] = {
+            MessageType.STATUS_UPDATE: self._on_status,
+            MessageType.PLAN_SUBMISSION: self._on_plan,
+            MessageType.SHUTDOWN_RESPONSE: self._on_shutdown_response,
+            MessageType.TEXT: self._on_text,
+            MessageType.BROADCAST: self._on_text,
+        }
+        self.progress: dict[str, AgentProgress] = {
+            name: AgentProgress(name) for name in self.teammates
+        }
+        self._state_path = self.bus.team.root / "orchestrator" / f"{self.agent}.json"
+        self._handled: dict[str, None] = {}  # insertion-ordered set of "sender:id" keys
+        # Until the first new message is handled after a start, a reply may already be in
+        # the recipient's inbox (the previous run died between sending and recording).
+        self._recovering = True
+        self._current: Message | None = None
+        self._replies = 0
+        self._busy = False
+        self._unsaved = False  # handled ids or progress not yet in the state file
+        self._asks: dict[str, _Ask] = {}
+        self._retry_s = SHUTDOWN_RETRY_S
+        self._waiter = InboxWaiter(self.bus)
+        try:
+            self._load_state()
+        except BaseException:
+            self.bus.close()
+            raise
+
+    # -- who ----------------------------------------------------------------------------
+
+    @property
+    def teammates(self) -> tuple[str, ...]:
+        """Every member but the lead, in roster order."""
+        return tuple(name for name in self.bus.team.names if name != self.agent)
+
+    def all_done(self) -> bool:
+        """Whether every teammate's last reported state is done or failed."""
+        return all(
+            self.progress.get(name, AgentProgress(name)).state in protocol.FINISHED_STATES
+            for name in self.teammates
+        )
+
+    def check_teammate(self, agent: str) -> str:
+        """Return ``agent`` if it is a teammate; `UnknownAgent` naming the members, or
+        `InvalidMessage` for the lead itself, otherwise."""
+        check_name(agent, "agent name")
+        if agent == self.agent:
+            raise InvalidMessage(f"{agent!r} is the lead itself: name a teammate")
+        if agent not in self.bus.team.names and agent not in self.bus.refresh_team().names:
+            self.bus.team.member(agent)  # raises UnknownAgent naming the members
+        return agent
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def run(
+        self,
+        until: Callable[[TeamOrchestrator], bool] | None = None,
+        timeout: float | None = None,
+        *,
+        stop: StopEvent | None = None,
+    ) -> bool:
+        """Handle messages as they come until ``until(self)`` holds; return whether it did.
+
+        Blocks on the lead's inbox between messages. Returns False after ``timeout``
+        seconds (None: no limit) or when ``stop`` (a `threading.Event`) is set.
+
+        Example:
+            >>> orch.run(until=lambda o: o.all_done(), timeout=600)  # doctest: +SKIP
+            True
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return self._serve(lambda: until is not None and until(self), deadline, stop)
+
+    def handle_pending(self) -> int:
+        """Handle the messages waiting in the lead's inbox now, without blocking.
+
+        Returns how many messages were taken (duplicates included).
+        """
+        self._not_in_a_handler()
+        self._busy = True
+        try:
+            taken = 0
+            for message in self.bus.peek():
+                self._handle(message)
+                self.bus.commit(message)
+                taken += 1
+            return taken
+        finally:
+            self._busy = False
+            if self._unsaved:
+                self._save_state()
+
+    def _not_in_a_handler(self) -> None:
+        if self._busy:
+            raise MailError(
+                "TeamOrchestrator is already handling a message: a handler must not run "
+                "the loop (run, handle_pending, request_shutdown) again"
+            )
+
+    def _serve(
+        self,
+        done: Callable[[], bool],
+        deadline: float | None,
+        stop: StopEvent | None,
+        tick: Callable[[], float | None] | None = None,
+    ) -> bool:
+        while True:
+            self.handle_pending()
+            if done():
+                return True
+            if stop is not None and stop.is_set():
+                return False
+            wake = tick() if tick is not None else None
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                return False
+            limit = deadline if wake is None else wake if deadline is None else min(wake, deadline)
+            self._waiter.wait(None if limit is None else max(0.0, limit - now), stop)
+
+    def _handle(self, message: Message) -> None:
+        key = f"{message.from_agent}:{message.id}"
+        if key in self._handled:
+            self._emit(EventKind.DUPLICATE, message.from_agent, f"{message.id} again", message)
+            return
+        known = self.progress.get(message.from_agent)
+        if known is not None:
+            self.progress[message.from_agent] = replace(known, last_seen=message.ts)
+        self._current, self._replies = message, 0
+        try:
+            handler = self.handlers.get(message.type, self._on_unexpected)
+            try:
+                handler(message)
+            except ProtocolError as exc:
+                self._refuse(message, str(exc))
+            except MailError as exc:
+                self._emit(EventKind.ERROR, message.from_agent, str(exc), message)
+            except Exception as exc:  # a faulty user handler must not take the lead down
+                self._emit(
+                    EventKind.ERROR,
+                    message.from_agent,
+                    f"handler for {message.type.value} {message.id} failed: "
+                    f"{exc.__class__.__name__}: {exc}",
+                    message,
+                )
+        finally:
+            self._current = None
+        self._remember(key, now=self._replies > 0)
+        self._recovering = False
+
+    def _refuse(self, message: Message, reason: str) -> None:
+        self._emit(EventKind.ERROR, message.from_agent, reason, message)
+        try:
+            self.reply(message, MessageType.TEXT, f"error: {reason}", {protocol.ERROR: "protocol"})
+        except MailError as exc:  # e.g. the sender left the team: nobody to tell
+            self._emit(EventKind.ERROR, message.from_agent, f"cannot answer: {exc}", message)
+
+    # -- answering ------------------------------------------------------------------------
+
+    def reply(
+        self,
+        message: Message,
+        type: MessageType | str,
+        content: str,
+        metadata: Mapping[str, str] | None = None,
+    ) -> Message | None:
+        """Answer ``message`` (to its sender, with ``reply_to``); return what was sent.
+
+        Inside a handler, the reply's id is derived from the message answered, so a lead
+        restarted after a crash recognises a reply it already sent and does not send it
+        again (then this returns None).
+
+        Example:
+            >>> def noted(m): orch.reply(m, "text", "noted")  # doctest: +SKIP
+            >>> orch.handlers[MessageType.TEXT] = noted  # doctest: +SKIP
+        """
+        reply_id = None
+        if message is self._current:
+            key = f"{message.from_agent}:{message.id}"
+            reply_id = protocol.derived_id(self.agent, key, str(self._replies))
+            self._replies += 1
+            if self._recovering and self._already_sent(message.from_agent, reply_id):
+                return None
+        return self.bus.send(
+            message.from_agent, type, content, metadata, reply_to=message.id, id=reply_id
+        )
+
+    def _already_sent(self, recipient: str, message_id: str) -> bool:
+        files = store.FileStore(self.bus.team.root)
+        try:
+            lines, _ = files.read_tail(recipient, RECOVERY_SCAN_LINES)
+        except StoreError:
+            return False
+        finally:
+            files.close()
+        needle = b'"id":"' + message_id.encode() + b'"'
+        return any(needle in line for line in lines)
+
+    # -- default handlers -----------------------------------------------------------------
+
+    def _on_status(self, message: Message) -> None:
+        status = protocol.parse_status(message)
+        agent = message.from_agent
+        old = self.progress.get(agent, AgentProgress(agent))
+        task = status.task or old.task
+        progress = status.progress
+        if progress is None and task == old.task:
+            progress = old.progress
+        self.progress[agent] = replace(
+            old,
+            state=status.state,
+            task=task,
+            progress=progress,
+            text=message.content,
+            last_seen=message.ts,
+        )
+        parts = [status.state, task, "" if progress is None else f"{progress:.0%}", message.content]
+        self._emit(EventKind.STATUS, agent, " ".join(p for p in parts if p), message)
+        ask = self._asks.get(agent)
+        if (
+            ask is not None
+            and ask.answer is None
+            and ask.deferred
+            and status.state in protocol.AVAILABLE_STATES
+        ):
+            ask.next_ask = time.monotonic()  # it finished what it deferred for: ask now
+
+    def _on_plan(self, message: Message) -> None:
+        agent = message.from_agent
+        task = message.metadata.get(protocol.TASK) or None
+        if not message.content.strip():
+            raise ProtocolError(
+                f"plan_submission {message.id} from {agent} is empty: put the plan in the "
+                "content ('ralph-mail plan submit PLAN')"
+            )
+        approved, feedback = self._review(Plan(agent, message.content, task, message))
+        metadata = {protocol.APPROVED: "true" if approved else "false"}
+        if task:
+            metadata[protocol.TASK] = task
+        self.reply(message, MessageType.PLAN_APPROVAL, feedback, metadata)
+        old = self.progress.get(agent, AgentProgress(agent))
+        self.progress[agent] = replace(
+            old,
+            plan="approved" if approved else "rejected",
+            task=task or old.task,
+            text=message.content,
+            last_seen=message.ts,
+        )
+        kind = EventKind.PLAN_APPROVED if approved else EventKind.PLAN_REJECTED
+        self._emit(kind, agent, f"{task + ': ' if task else ''}{feedback}", message)
+
+    def _review(self, plan: Plan) -> tuple[bool, str]:
+        try:
+            verdict = self.review_plan(plan)
+        except Exception as exc:  # a broken policy rejects, with the reason as feedback
+            return False, f"plan review failed: {exc.__class__.__name__}: {exc}"
+        if isinstance(verdict, tuple):
+            approved, feedback = bool(verdict[0]), str(verdict[1])
+        else:
+            approved, feedback = bool(verdict), ""
+        return approved, feedback or ("approved" if approved else "rejected")
+
+    def _on_shutdown_response(self, message: Message) -> None:
+        answer = protocol.parse_shutdown_response(message)
+        agent = message.from_agent
+        ask = self._asks.get(agent)
+        if ask is not None and answer.request_id not in ask.requests:
+            ask = None  # an answer to an earlier round's request
+        if answer.accepted:
+            outcome, kind = "accepted", EventKind.SHUTDOWN_ACCEPTED
+        elif answer.deferred:
+            outcome, kind = "deferred", EventKind.SHUTDOWN_DEFERRED
+        else:
+            outcome, kind = "refused", EventKind.SHUTDOWN_REFUSED
+        old = self.progress.get(agent, AgentProgress(agent))
+        self.progress[agent] = replace(old, shutdown=outcome, last_seen=message.ts)
+        self._emit(kind, agent, answer.reason or outcome, message)
+        if ask is None or ask.answer is not None:
+            return
+        ask.reason = answer.reason
+        if answer.accepted:
+            ask.answer = True
+        elif answer.deferred:
+            ask.deferred = True
+            ask.next_ask = time.monotonic() + self._retry_s
+        else:
+            ask.answer = False
+
+    def _on_text(self, message: Message) -> None:
+        agent = message.from_agent
+        old = self.progress.get(agent)
+        if old is not None:
+            self.progress[agent] = replace(old, text=message.content, last_seen=message.ts)
+        self._emit(EventKind.TEXT, agent, message.content, message)
+
+    def _on_unexpected(self, message: Message) -> None:
+        self._emit(
+            EventKind.IGNORED,
+            message.from_agent,
+            f"{message.type.value} {message.id} is not for the lead; ignored",
+            message,
+        )
+
+    # -- the lead's actions ---------------------------------------------------------------
+
+    def assign(self, agent: str, task_id: str, description: str) -> Message:
+        """Send ``agent`` a task assignment (``metadata.taskId``); return the message.
+
+        Example:
+            >>> orch.assign("worker-1", "T-1", "parse the logs")  # doctest: +SKIP
+        """
+        self.check_teammate(agent)
+        protocol.check_task_id(task_id)
+        message = self.bus.send(
+            agent, MessageType.TASK_ASSIGNMENT, description, {protocol.TASK_ID: task_id}
+        )
+        old = self.progress.get(agent, AgentProgress(agent))
+        self.progress[agent] = replace(old, task=task_id, progress=None, plan="")
+        self._emit(EventKind.ASSIGNED, agent, f"{task_id}: {description}", message)
+        return message
+
+    def request_shutdown(
+        self,
+        agents: Iterable[str] | None = None,
+        reason: str = "the work is done",
+        timeout: float = SHUTDOWN_TIMEOUT_S,
+        *,
+        retry_interval: float = SHUTDOWN_RETRY_S,
+        stop: StopEvent | None = None,
+        only_responses: bool = False,
+    ) -> ShutdownReport:
+        """Ask ``agents`` (default: every teammate) to shut down; collect their answers.
+
+        An agent that defers ("finishing current task") is asked again when it reports
+        idle, done or failed, and otherwise every ``retry_interval`` seconds, until
+        ``timeout`` seconds have passed. Other mail is handled meanwhile, as `run` does;
+        with ``only_responses`` only shutdown responses are consumed and the rest stays
+        unread (for a lead that is not running its loop, such as a shell script).
+
+        Example:
+            >>> report = orch.request_shutdown(timeout=30)  # doctest: +SKIP
+            >>> report.ok, dict(report)  # doctest: +SKIP
+            (True, {'worker-1': True, 'worker-2': True})
+        """
+        self._not_in_a_handler()
+        targets = list(dict.fromkeys(self.teammates if agents is None else agents))
+        for agent in targets:
+            self.check_teammate(agent)
+        if not targets:
+            return ShutdownReport({}, {})
+        deadline = time.monotonic() + timeout
+        self._retry_s = retry_interval
+        self._asks = {agent: _Ask(set()) for agent in targets}
+        try:
+            for agent in targets:
+                self._ask(agent, reason)
+
+            def answered() -> bool:
+                return all(ask.answer is not None for ask in self._asks.values())
+
+            def tick() -> float | None:
+                return self._reask_due(reason)
+
+            if only_responses:
+                self._collect_responses(answered, deadline, stop, tick)
+            else:
+                self._serve(answered, deadline, stop, tick)
+            return self._report()
+        finally:
+            self._asks = {}
+            self._retry_s = SHUTDOWN_RETRY_S
+
+    def _ask(self, agent: str, reason: str) -> None:
+        request = self.bus.send(agent, MessageType.SHUTDOWN_REQUEST, reason)
+        ask = self._asks[agent]
+        ask.requests.add(request.id)
+        ask.next_ask = None
+        old = self.progress.get(agent, AgentProgress(agent))
+        if old.shutdown != "deferred":
+            self.progress[agent] = replace(old, shutdown="requested")
+        again = " again" if len(ask.requests) > 1 else ""
+        self._emit(EventKind.SHUTDOWN_REQUESTED, agent, f"asked{again}: {reason}", request)
+
+    def _reask_due(self, reason: str) -> float | None:
+        """Ask again every deferring agent whose turn has come; return the next turn."""
+        now = time.monotonic()
+        following: float | None = None
+        for agent, ask in self._asks.items():
+            if ask.answer is not None or ask.next_ask is None:
+                continue
+            if ask.next_ask <= now:
+                self._ask(agent, reason)
+                continue
+            following = ask.next_ask if following is None else min(following, ask.next_ask)
+        return following
+
+    def _collect_responses(
+        self,
+        answered: Callable[[], bool],
+        deadline: float,
+        stop: StopEvent | None,
+        tick: Callable[[], float | None],
+    ) -> None:
+        while not answered():
+            if stop is not None and stop.is_set():
+                return
+            wake = tick()
+            if answered():
+                return
+            now = time.monotonic()
+            if now >= deadline:
+                return
+            limit = deadline if wake is None else min(wake, deadline)
+            message = self.bus.wait_for_message(
+                MessageType.SHUTDOWN_RESPONSE, timeout=max(0.0, limit - now), stop=stop
+            )
+            if message is not None:
+                self._handle(message)
+
+    def _report(self) -> ShutdownReport:
+        answers: dict[str, bool | None] = {}
+        reasons: dict[str, str] = {}
+        for agent, ask in self._asks.items():
+            answers[agent] = ask.answer
+            if ask.answer is None:
+                reasons[agent] = (
+                    f"still deferring at the deadline: {ask.reason}"
+                    if ask.deferred
+                    else "no answer by the deadline"
+                )
+                old = self.progress.get(agent, AgentProgress(agent))
+                self.progress[agent] = replace(old, shutdown="no answer")
+                self._emit(EventKind.SHUTDOWN_NO_ANSWER, agent, reasons[agent])
+            else:
+                reasons[agent] = ask.reason
+        self._save_state()
+        return ShutdownReport(answers, reasons)
+
+    # -- events and state -----------------------------------------------------------------
+
+    def _emit(self, kind: EventKind, agent: str, text: str, message: Message | None = None) -> None:
+        if self.on_event is not None:
+            self.on_event(Event(kind, agent, text, message))
+
+    def _remember(self, key: str, now: bool) -> None:
+        self._handled[key] = None
+        while len(self._handled) > HANDLED_IDS_KEPT:
+            del self._handled[next(iter(self._handled))]
+        if now:
+            self._save_state()
+        else:
+            # Handling it again would change nothing outside this process (no reply went
+            # out), so one save per batch is enough: a status flood costs no fsync each.
+            self._unsaved = True
+
+    def _save_state(self) -> None:
+        self._unsaved = False
+        state = {
+            "version": _STATE_VERSION,
+            "handled": list(self._handled),
+            "progress": {name: asdict(item) for name, item in self.progress.items()},
+        }
+        try:
+            store.ensure_dir(self._state_path.parent)
+            store.write_file_atomic(self._state_path, orjson.dumps(state))
+        except OSError as exc:
+            # Losing the record costs at most a duplicate answer after a restart; stopping
+            # the lead would cost the whole team, so say it and go on.
+            self._emit(EventKind.ERROR, self.agent, f"cannot save {self._state_path}: {exc}")
+
+    def _load_state(self) -> None:
+        try:
+            fd = store.open_private(self._state_path, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise StoreError(
+                f"cannot read the lead's state {self._state_path}: {exc}", self._state_path
+            ) from None
+        try:
+            chunks = []
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
+        try:
+            state: Any = orjson.loads(b"".join(chunks))
+            handled = [str(key) for key in state["handled"]]
+            progress = {name: AgentProgress(**item) for name, item in state["progress"].items()}
+        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise StoreError(
+                f"the lead's state {self._state_path} is damaged ({exc}): delete it to "
+                "start afresh (messages still unread will be answered again)",
+                self._state_path,
+            ) from None
+        self._handled = dict.fromkeys(handled[-HANDLED_IDS_KEPT:])
+        self.progress.update(progress)
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop watching and release the bus; the orchestrator can be used again after."""
+        if self._unsaved:
+            self._save_state()
+        self._waiter.close()
+        self.bus.close()
+
+    def __enter__(self) -> TeamOrchestrator:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"TeamOrchestrator(team={self.bus.team.name!r}, agent={self.agent!r})"

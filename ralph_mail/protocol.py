@@ -1,0 +1,251 @@
+"""The team protocols' vocabulary: agent states, metadata keys, and protocol messages parsed.
+
+The lead (`TeamOrchestrator`), the teammate (`TeamAgent`) and the command line share
+these checks, so all three accept and refuse the same messages. A sender's mistake is an
+`InvalidMessage` (nothing is sent); a received message that breaks the protocol is a
+`ProtocolError`, which the lead answers instead of acting on.
+
+Example:
+    >>> status_metadata("working", task="T-1", progress="0.5")
+    {'state': 'working', 'task': 'T-1', 'progress': '0.5'}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from ralph_mail.errors import InvalidMessage, ProtocolError
+from ralph_mail.message import Message
+from ralph_mail.settings import WATCH_SAFETY_POLL_S
+
+if TYPE_CHECKING:
+    from ralph_mail.bus import MessageBus
+    from ralph_mail.watch import StopEvent, Watcher
+
+#: The states a status update may report (DESIGN §3), in the order a task goes through them.
+STATES: Final = ("idle", "working", "blocked", "done", "failed")
+#: States after which an agent has nothing left to do on its task.
+FINISHED_STATES: Final = frozenset({"done", "failed"})
+#: States in which an agent that deferred a shutdown is worth asking again at once.
+AVAILABLE_STATES: Final = frozenset({"idle", "done", "failed"})
+
+# Metadata keys of the protocol messages (DESIGN §3). `deferred` is this package's
+# addition to shutdown_response: "accepted=false, deferred=true" means "not yet, ask me
+# again", where a bare "accepted=false" is a final refusal. Readers ignore unknown keys,
+# so older readers see a deferral as a refusal, which is the safe reading.
+STATE: Final = "state"
+TASK: Final = "task"
+PROGRESS: Final = "progress"
+TASK_ID: Final = "taskId"
+APPROVED: Final = "approved"
+ACCEPTED: Final = "accepted"
+DEFERRED: Final = "deferred"
+ERROR: Final = "error"
+
+
+def check_state(value: str) -> str:
+    """Return ``value`` if it is a status state, else raise `InvalidMessage` naming them.
+
+    >>> check_state("working")
+    'working'
+    """
+    if value not in STATES:
+        raise InvalidMessage(f"invalid state {value!r}: use one of {', '.join(STATES)}")
+    return value
+
+
+def check_progress(value: str | float) -> str:
+    """Return ``value`` as the wire's progress string if it is a number from 0 to 1.
+
+    >>> check_progress(0.25), check_progress("1")
+    ('0.25', '1')
+    """
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not 0.0 <= number <= 1.0:  # also refuses nan
+        raise InvalidMessage(f"invalid progress {value!r}: give a fraction from 0 to 1, e.g. 0.5")
+    return value.strip() if isinstance(value, str) else f"{number:g}"
+
+
+def check_task_id(value: str) -> str:
+    """Return ``value`` if it can name a task: not empty, one line."""
+    if not value.strip() or "\n" in value:
+        raise InvalidMessage(f"invalid task id {value!r}: give a non-empty one-line id, e.g. T-1")
+    return value
+
+
+def status_metadata(
+    state: str, task: str | None = None, progress: str | float | None = None
+) -> dict[str, str]:
+    """The metadata of a status update, checked: `InvalidMessage` for a bad value."""
+    metadata = {STATE: check_state(state)}
+    if task is not None:
+        metadata[TASK] = check_task_id(task)
+    if progress is not None:
+        metadata[PROGRESS] = check_progress(progress)
+    return metadata
+
+
+def _flag(message: Message, key: str, fix: str) -> bool:
+    value = message.metadata.get(key)
+    if value is None:
+        raise ProtocolError(
+            f"{message.type.value} {message.id} from {message.from_agent} has no "
+            f"metadata.{key}: {fix}"
+        )
+    lowered = value.strip().lower()
+    if lowered not in ("true", "false"):
+        raise ProtocolError(
+            f"{message.type.value} {message.id} from {message.from_agent} has "
+            f"metadata.{key}={value!r}: use 'true' or 'false'; {fix}"
+        )
+    return lowered == "true"
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """A status update, parsed.
+
+    Attributes:
+        state: one of `STATES`.
+        task: the task it is about, or "".
+        progress: a fraction from 0 to 1, or None when not given.
+    """
+
+    state: str
+    task: str
+    progress: float | None
+
+
+def parse_status(message: Message) -> Status:
+    """The `Status` a status_update carries; `ProtocolError` when it is malformed."""
+    fix = "send 'ralph-mail status TEXT --state STATE' with a state of " + ", ".join(STATES)
+    state = message.metadata.get(STATE)
+    if state is None:
+        raise ProtocolError(
+            f"status_update {message.id} from {message.from_agent} has no metadata.state: {fix}"
+        )
+    if state not in STATES:
+        raise ProtocolError(
+            f"status_update {message.id} from {message.from_agent} has unknown state "
+            f"{state!r}: {fix}"
+        )
+    progress = None
+    raw = message.metadata.get(PROGRESS)
+    if raw is not None:
+        try:
+            progress = float(check_progress(raw))
+        except InvalidMessage:
+            raise ProtocolError(
+                f"status_update {message.id} from {message.from_agent} has progress {raw!r}: "
+                "give a fraction from 0 to 1 (--progress 0.5)"
+            ) from None
+    return Status(state, message.metadata.get(TASK, ""), progress)
+
+
+@dataclass(frozen=True, slots=True)
+class ShutdownAnswer:
+    """A shutdown response, parsed.
+
+    Attributes:
+        accepted: the agent will stop.
+        deferred: not accepted *yet* ("finishing current task"): ask again later.
+        reason: the agent's words.
+        request_id: the request it answers.
+    """
+
+    accepted: bool
+    deferred: bool
+    reason: str
+    request_id: str
+
+
+def parse_shutdown_response(message: Message) -> ShutdownAnswer:
+    """The `ShutdownAnswer` a shutdown_response carries; `ProtocolError` when malformed."""
+    fix = "answer with 'ralph-mail shutdown respond --accept|--reject|--defer'"
+    accepted = _flag(message, ACCEPTED, fix)
+    if message.reply_to is None:
+        raise ProtocolError(
+            f"shutdown_response {message.id} from {message.from_agent} has no reply_to: "
+            f"it must name the request it answers; {fix}"
+        )
+    deferred = not accepted and message.metadata.get(DEFERRED, "").strip().lower() == "true"
+    return ShutdownAnswer(accepted, deferred, message.content, message.reply_to)
+
+
+def parse_plan_approval(message: Message) -> tuple[bool, str]:
+    """``(approved, feedback)`` of a plan_approval; `ProtocolError` when malformed."""
+    approved = _flag(message, APPROVED, "the lead must send metadata approved=true|false")
+    return approved, message.content
+
+
+def derived_id(*parts: str) -> str:
+    """A message id that depends only on ``parts``: the same reply gets the same id.
+
+    A lead that dies after sending a reply but before recording it sends the reply again
+    on restart; with a derived id the copy is recognisable (and recognised: see
+    `TeamOrchestrator`), where a random id would make it a second answer.
+
+    >>> derived_id("lead", "w1:0123456789ab", "0") == derived_id("lead", "w1:0123456789ab", "0")
+    True
+    """
+    return hashlib.blake2b("\0".join(parts).encode(), digest_size=6).hexdigest()
+
+
+class InboxWaiter:
+    """Blocks until an agent's inbox has unconsumed mail, without consuming it.
+
+    `MessageBus.wait_for_messages` consumes what it returns; an at-least-once consumer
+    needs the wait without the consumption, then `peek`, handle, `commit`.
+
+    Example:
+        >>> waiter = InboxWaiter(bus)                       # doctest: +SKIP
+        >>> for message in waiter.wait(timeout=5.0):        # doctest: +SKIP
+        ...     handle(message); bus.commit(message)
+    """
+
+    def __init__(self, bus: MessageBus) -> None:
+        self._bus = bus
+        self._watcher: Watcher | None = None
+
+    def wait(self, timeout: float | None = None, stop: StopEvent | None = None) -> list[Message]:
+        """The unconsumed messages (like `MessageBus.peek`), once there are any.
+
+        Returns ``[]`` after ``timeout`` seconds (None: no limit) or when ``stop`` is set.
+        Raises KeyboardInterrupt when a signal whose handler raises interrupts the wait.
+        """
+        found = self._bus.peek()
+        if found or (timeout is not None and timeout <= 0):
+            return found
+        deadline = None if timeout is None else time.monotonic() + timeout
+        watcher = self._watch()
+        while True:
+            found = self._bus.peek()  # also catches what arrived while the watcher started
+            if found or (stop is not None and stop.is_set()):
+                return found
+            # An event is only a hint: wake at least every WATCH_SAFETY_POLL_S and re-read.
+            remaining = WATCH_SAFETY_POLL_S
+            if deadline is not None:
+                remaining = min(remaining, deadline - time.monotonic())
+                if remaining <= 0:
+                    return found
+            watcher.wait(remaining, stop)
+
+    def _watch(self) -> Watcher:
+        if self._watcher is None:
+            from ralph_mail.watch import Watcher
+
+            self._watcher = Watcher(self._bus.team.root / "mailbox")
+        return self._watcher
+
+    def close(self) -> None:
+        """Stop watching; the waiter can be used again after."""
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None

@@ -1,0 +1,54 @@
+"""Every example in examples/ runs to its end, in seconds, and leaves no process behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from protocol_helpers import (  # noqa: F401
+    BOUND_S,
+    REPO,
+    Children,
+    children_fixture,
+    close_buses,
+    ralph_env,
+    session_processes,
+)
+
+
+def check_team_run(child_output: str) -> None:
+    """The common story of both example teams, as the lead printed it."""
+    assert "worker-2 plan_rejected: T-2: rejected: add a step that tests the result" in child_output
+    for worker in ("worker-1", "worker-2", "worker-3"):
+        assert f"{worker} plan_approved" in child_output
+        assert f"{worker} status: done" in child_output
+        assert f"{worker} shutdown_accepted" in child_output
+    assert "accepted: worker-1, worker-2, worker-3; refused: -; no answer: -" in child_output
+
+
+def run_example(command: str, tmp_path: Path, children: Children) -> str:
+    """Run ``command`` as the README shows it (from the clone, the venv first on PATH)."""
+    env = ralph_env(tmp_path / "unused-home", TMPDIR=str(tmp_path))
+    run = children.start(["bash", "-c", command], env, cwd=REPO)
+    assert run.finish(timeout=BOUND_S) == 0, run.output + run.stderr_text()
+    assert session_processes(run.popen.pid) == [], "a process of the team was left running"
+    assert list(tmp_path.iterdir()) == [], "the launcher removes its mailbox home"
+    return run.output
+
+
+def test_shell_team_example(tmp_path: Path, children: Children) -> None:
+    """examples/shell_team/run.sh: bash workers and the Python lead finish and leave nothing."""
+    check_team_run(run_example("bash examples/shell_team/run.sh", tmp_path, children))
+
+
+def test_python_team_example(tmp_path: Path, children: Children) -> None:
+    """examples/python_team/run.py: TeamAgent workers and the lead finish and leave nothing."""
+    check_team_run(run_example("python examples/python_team/run.py", tmp_path, children))
+
+
+def test_readme_shows_exactly_these_example_commands() -> None:
+    """The README's example commands are the ones run here (once its sections are merged)."""
+    readme = (REPO / "README.md").read_text()
+    if "examples/shell_team/run.sh" not in readme:
+        pytest.skip("the README's protocols section is not merged yet")
+    assert "bash examples/shell_team/run.sh\npython examples/python_team/run.py\n" in readme
