@@ -161,6 +161,16 @@ def waiter(spec: dict[str, Any]) -> None:
             while not done():
                 record(stamps_of(lines.read()))
                 time.sleep(POLL_PERIOD_S)  # the mechanism under test, not synchronisation
+        elif kind == "rustnotify":
+            from watchfiles._rust_notify import RustNotify
+
+            notify = RustNotify([spec["dir"]], False, False, 0, False, False)
+            say("ready")
+            while not done():
+                # debounce 1 ms, step 1 ms: the lowest setting that does not spin a core
+                if notify.watch(1, 1, 1000, None) != "timeout":
+                    record(stamps_of(lines.read()))
+            notify.close()
         elif kind == "watchfiles":
             import watchfiles
 

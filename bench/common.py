@@ -1,7 +1,7 @@
 """Shared plumbing for the measurements: sizes, statistics, result rows, a scratch area.
 
 Every measurement module returns a :class:`Section` of :class:`Row` objects. A row
-keeps its raw per-repetition values, so the report can show median and min–max and
+keeps its raw per-repetition values, so the report can show median and min-max and
 the JSON keeps everything needed to check a figure later.
 """
 
@@ -293,15 +293,20 @@ def ralph() -> ModuleType | str:
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for child processes: the repo on the path, and never the real home."""
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RALPH_")}
     paths = [str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(paths)
-    env.setdefault("RALPH_HOME", os.environ.get("RALPH_HOME", ""))
-    env.pop("RALPH_TEAM", None)
-    env.pop("RALPH_AGENT", None)
+    if "RALPH_HOME" in os.environ:  # the Workspace's private home, never ~/.ralph
+        env["RALPH_HOME"] = os.environ["RALPH_HOME"]
     if extra:
         env.update(extra)
     return env
+
+
+def _ts(i: int) -> bytes:
+    """A wire timestamp i microseconds after 2026-01-01: increasing, as in a real inbox."""
+    secs, micros = divmod(i, 1_000_000)
+    return b"2026-01-01T%02d:%02d:%02d.%06dZ" % (secs // 3600, secs // 60 % 60, secs % 60, micros)
 
 
 def message_dict(i: int, template: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -310,15 +315,18 @@ def message_dict(i: int, template: dict[str, Any] | None = None) -> dict[str, An
     With a ``template`` (a line ralph_mail really wrote) every key it has is kept, so
     synthetic inboxes stay byte-compatible with whatever the core writes.
     """
-    secs, micros = divmod(i, 1_000_000)
-    ts = f"2026-01-01T{secs // 3600:02d}:{secs // 60 % 60:02d}:{secs % 60:02d}.{micros:06d}Z"
-    base: dict[str, Any] = dict(template) if template else {
-        "from": "sender",
-        "to": "reader",
-        "type": "text",
-        "content": CONTENT,
-        "metadata": METADATA,
-    }
+    ts = _ts(i).decode()
+    base: dict[str, Any] = (
+        dict(template)
+        if template
+        else {
+            "from": "sender",
+            "to": "reader",
+            "type": "text",
+            "content": CONTENT,
+            "metadata": METADATA,
+        }
+    )
     base["id"] = f"{i:012x}"
     base["ts"] = ts
     return base
@@ -336,7 +344,15 @@ class Workspace:
         self._counter = 0
         self._inboxes: dict[int, Path] = {}
         self._template: dict[str, Any] | None = None
+        # A user's RALPH_DURABLE or size limit would silently change what is measured.
+        for name in [k for k in os.environ if k.startswith("RALPH_")]:
+            del os.environ[name]
         os.environ["RALPH_HOME"] = str(self.root / "default-home")
+        # Child processes cache compiled bytecode in the scratch area. A regular install
+        # ships .pyc files; without them (PYTHONDONTWRITEBYTECODE, a read-only editable
+        # checkout) every command line run would recompile ralph_mail, ~25 ms a start.
+        os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+        os.environ["PYTHONPYCACHEPREFIX"] = str(self.root / "pycache")
 
     def fresh(self, name: str) -> Path:
         """A new, empty, private directory whose name says what it is for."""
@@ -367,19 +383,21 @@ class Workspace:
         return orjson.dumps(message_dict(i, self.template())) + b"\n"
 
     def inbox_file(self, n: int) -> Path:
-        """A cached file of ``n`` valid message lines (built once per run, then copied)."""
+        """A cached file of ``n`` valid message lines (built once per run, then copied).
+
+        Built from one encoded template with the id and ts spliced in as bytes: five times
+        faster than encoding a million dicts, and byte-identical to encoding each one.
+        """
         if n not in self._inboxes:
             path = self.root / f"inbox-{n}.jsonl"
-            tpl = self.template()
+            marked = dict(message_dict(0, self.template()), id="@@ID@@", ts="@@TS@@")
+            fmt = orjson.dumps(marked).replace(b"%", b"%%")
+            fmt = fmt.replace(b"@@ID@@", b"%012x").replace(b"@@TS@@", b"%s") + b"\n"
+            first = message_dict(0, self.template())
+            assert fmt % (0, first["ts"].encode()) == orjson.dumps(first) + b"\n"
             with path.open("wb") as f:
-                chunk: list[bytes] = []
-                for i in range(n):
-                    chunk.append(orjson.dumps(message_dict(i, tpl)))
-                    if len(chunk) == 10_000:
-                        f.write(b"\n".join(chunk) + b"\n")
-                        chunk.clear()
-                if chunk:
-                    f.write(b"\n".join(chunk) + b"\n")
+                for lo in range(0, n, 10_000):
+                    f.write(b"".join(fmt % (i, _ts(i)) for i in range(lo, min(n, lo + 10_000))))
             self._inboxes[n] = path
         return self._inboxes[n]
 

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Final
 
 from bench.common import child_env
@@ -82,16 +83,40 @@ class Child:
             return "(still running)"
         return self.proc.stderr.read().decode(errors="replace")[-800:]
 
-    def cpu_seconds(self) -> float:
-        """User + system CPU of the whole process (all threads), from /proc.
-
-        ``/proc/<pid>/stat`` counts the thread group, including threads that have
-        ended, which a per-thread source (schedstat) would lose.
-        """
+    def cpu_sample(self) -> CpuSample:
+        """The child's CPU time so far, for `cpu_between`."""
         with open(f"/proc/{self.pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
-        ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
-        return ticks / os.sysconf("SC_CLK_TCK")
+        ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+        threads: dict[str, int] = {}
+        try:
+            for tid in os.listdir(f"/proc/{self.pid}/task"):
+                with open(f"/proc/{self.pid}/task/{tid}/schedstat", "rb") as f:
+                    threads[tid] = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            threads = {}
+        return CpuSample(ticks / os.sysconf("SC_CLK_TCK"), threads)
+
+
+@dataclass(frozen=True, slots=True)
+class CpuSample:
+    """CPU used by a process so far: ``coarse`` seconds from /proc/<pid>/stat (all threads,
+    even ended ones, in 10 ms ticks) and ``threads``, ns per live thread from schedstat.
+    """
+
+    coarse: float
+    threads: dict[str, int]
+
+
+def cpu_between(before: CpuSample, after: CpuSample) -> float:
+    """CPU seconds used between two samples, as precisely as the samples allow.
+
+    Per-thread schedstat is exact to the ns, but forgets a thread that ended; so it is used
+    when the same threads lived through the window, and the 10 ms-tick total otherwise.
+    """
+    if before.threads and before.threads.keys() == after.threads.keys():
+        return sum(after.threads[t] - before.threads[t] for t in after.threads) / 1e9
+    return after.coarse - before.coarse
 
 
 class StartGun:

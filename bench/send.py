@@ -15,6 +15,7 @@ import secrets
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from bench.common import (
@@ -181,25 +182,59 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
 
     rm = ralph()
     ralph_status = rm if isinstance(rm, str) else "ok"
-    add("raw_write", "raw os.write, O_APPEND (the limit)",
-        lambda: raw_write(ws, sizes.send_n, False), None, "ok")
-    add("raw_write_fsync", "raw os.write + fsync",
-        lambda: raw_write(ws, sizes.durable_n, True), "raw_write", "ok")
-    add("ralph_send", "ralph_mail send",
-        lambda: ralph_send(ws, sizes.send_n, False), "raw_write", ralph_status)
-    add("ralph_send_durable", "ralph_mail send, durable (fsync)",
-        lambda: ralph_send(ws, sizes.durable_n, True), "raw_write_fsync", ralph_status)
+    add(
+        "raw_write",
+        "raw os.write, O_APPEND (the limit)",
+        lambda: raw_write(ws, sizes.send_n, False),
+        None,
+        "ok",
+    )
+    add(
+        "raw_write_fsync",
+        "raw os.write + fsync",
+        lambda: raw_write(ws, sizes.durable_n, True),
+        "raw_write",
+        "ok",
+    )
+    add(
+        "ralph_send",
+        "ralph_mail send",
+        lambda: ralph_send(ws, sizes.send_n, False),
+        "raw_write",
+        ralph_status,
+    )
+    add(
+        "ralph_send_durable",
+        "ralph_mail send, durable (fsync)",
+        lambda: ralph_send(ws, sizes.durable_n, True),
+        "raw_write_fsync",
+        ralph_status,
+    )
     fl = optional_module("filelock")
-    add("original_design", "original design: json.dumps + new FileLock + text append",
-        lambda: original_design(ws, sizes.peer_n, fl), "raw_write",
-        fl if isinstance(fl, str) else "ok")
+    add(
+        "original_design",
+        "original design: json.dumps + new FileLock + text append",
+        lambda: original_design(ws, sizes.peer_n, fl),
+        "raw_write",
+        fl if isinstance(fl, str) else "ok",
+    )
     for peer in PEERS:
         mod = optional_module(peer.module)
-        add(peer.key, peer.label, lambda p=peer: peer_put(ws, p, sizes.peer_n), "raw_write",
-            mod if isinstance(mod, str) else "ok")
+        add(
+            peer.key,
+            peer.label,
+            partial(peer_put, ws, peer, sizes.peer_n),
+            "raw_write",
+            mod if isinstance(mod, str) else "ok",
+        )
     for size, n in sizes.array_sends.items():
-        add(f"json_array_{size}", f"JSON-array inbox rewritten per message, {size:,} msgs",
-            lambda s=size, k=n: json_array(ws, s, k), "raw_write", "ok")
+        add(
+            f"json_array_{size}",
+            f"JSON-array inbox rewritten per message, {size:,} msgs",
+            partial(json_array, ws, size, n),
+            "raw_write",
+            "ok",
+        )
     interleave(sizes.reps, cases)
     return sec
 

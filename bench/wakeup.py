@@ -22,7 +22,7 @@ from typing import Any, Final
 import orjson
 
 from bench.common import Row, Section, Sizes, Workspace, message_dict, percentile, ralph
-from bench.procs import Child, running
+from bench.procs import Child, cpu_between, running
 
 #: Mean gap between two sends; long enough that a 1 ms-step watcher settles between.
 GAP_S: Final = 0.005
@@ -33,6 +33,7 @@ MECHANISMS: Final = {
     "pipe": "pipe, blocking read (kernel floor)",
     "inotify": "raw inotify via ctypes (file floor)",
     "ralph": "ralph_mail wait_for_messages",
+    "rustnotify": "watchfiles RustNotify, step 1 ms (bare)",
     "watchfiles": "watchfiles.watch, defaults",
     "poll500": "poll every 500 ms (original design)",
 }
@@ -101,11 +102,18 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
     rows: dict[str, Row] = {}
     for kind, label in MECHANISMS.items():
         status = rm if (kind == "ralph" and isinstance(rm, str)) else "ok"
-        rows[kind] = sec.add(Row(
-            kind, label, "ms", "lower", anchor=None if kind == ANCHOR else ANCHOR,
-            status=status, extra={"p99_ms": [], "max_ms": [], "idle_cpu_pct": [], "warm_ms": []},
-            note="figure = p50; extra: p99, max, idle CPU % of one core",
-        ))
+        rows[kind] = sec.add(
+            Row(
+                kind,
+                label,
+                "ms",
+                "lower",
+                anchor=None if kind == ANCHOR else ANCHOR,
+                status=status,
+                extra={"p99_ms": [], "max_ms": [], "idle_cpu_pct": [], "warm_ms": []},
+                note="figure = p50; extra: p99, max, idle CPU % of one core",
+            )
+        )
     kinds = [k for k, r in rows.items() if r.status == "ok"]
     total = 1 + sizes.wake_reps * sizes.wake_n
     timeout = 120.0 + total * GAP_S * 4
@@ -120,12 +128,12 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
             for w in waiters:  # one message each, so every waiter is settled in its wait
                 w.send(time.monotonic_ns())
                 rows[w.kind].extra["warm_ms"].append(int(w.child.expect("warm", 10.0)) / 1e6)
-            cpu0 = [w.child.cpu_seconds() for w in waiters]
+            cpu0 = [w.child.cpu_sample() for w in waiters]
             t0 = time.monotonic()
             time.sleep(sizes.idle_s)  # the measurement window itself, not synchronisation
             wall = time.monotonic() - t0
             for w, c0 in zip(waiters, cpu0, strict=True):
-                pct = (w.child.cpu_seconds() - c0) / wall * 100.0
+                pct = cpu_between(c0, w.child.cpu_sample()) / wall * 100.0
                 rows[w.kind].extra["idle_cpu_pct"].append(pct)
             for w in waiters:
                 try:
@@ -165,7 +173,7 @@ def _record(row: Row, lats: list[int], reps: int) -> None:
     """Split the run into ``reps`` equal chunks: one p50/p99/max per repetition."""
     size = len(lats) // reps
     for i in range(reps):
-        chunk = lats[i * size:(i + 1) * size]
+        chunk = lats[i * size : (i + 1) * size]
         row.values.append(percentile(chunk, 50) / 1e6)
         row.extra["p99_ms"].append(percentile(chunk, 99) / 1e6)
         row.extra["max_ms"].append(max(chunk) / 1e6)

@@ -40,8 +40,9 @@ def one_run(ws: Workspace, kind: str, k: int, n: int) -> tuple[float, list[int],
         base.update(home=str(home), team="w", to="sink")
     else:
         inbox = home / "sink.jsonl"
-        base.update(inbox=str(inbox), lock=str(home / "sink.lock"),
-                    template=message_dict(0, ws.template()))
+        base.update(
+            inbox=str(inbox), lock=str(home / "sink.lock"), template=message_dict(0, ws.template())
+        )
     gun = StartGun()
     outs = [home / f"lat{i}.bin" for i in range(k)]
     try:
@@ -84,11 +85,17 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
     for kind, label in KINDS.items():
         for k in sizes.writer_counts:
             status = rm if (kind == "ralph" and isinstance(rm, str)) else "ok"
-            rows[kind, k] = sec.add(Row(
-                f"{kind}_{k}", f"{label}, {k} writer{'s' if k > 1 else ''}", "msg/s", "higher",
-                anchor=None if kind == "flock" else f"flock_{k}", status=status,
-                extra={"p50_us": [], "p99_us": [], "max_us": [], "verified": []},
-            ))
+            rows[kind, k] = sec.add(
+                Row(
+                    f"{kind}_{k}",
+                    f"{label}, {k} writer{'s' if k > 1 else ''}",
+                    "msg/s",
+                    "higher",
+                    anchor=None if kind == "flock" else f"flock_{k}",
+                    status=status,
+                    extra={"p50_us": [], "p99_us": [], "max_us": [], "verified": []},
+                )
+            )
     for _ in range(sizes.writer_reps):
         for k in sizes.writer_counts:
             for kind in KINDS:

@@ -1,0 +1,205 @@
+"""Command line: wall time of ``ralph-mail send`` and ``ralph-mail read`` against a bare
+start of the very same interpreter (``python -c pass``).
+
+Agents that shell out once per message pay the process start-up on every message, so
+this is the figure a bash loop sees. Runs are interleaved (bare, send, read, bare, …)
+so a burst of outside load hits all three alike. Each run is one fork/exec timed from
+spawn to reap; peak RSS comes from one more run under GNU time.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Final
+
+from bench.common import Row, Section, Sizes, Workspace, child_env, ralph
+
+NOSITE_NOTE: Final = (
+    "without site: an editable install (pip install -e) adds an import hook to every start "
+    "of this venv's interpreter (~11 ms here), which flatters the ratio; -S on both sides "
+    "removes it, as a regular install would"
+)
+#: Untimed runs of each command first: they fill the page cache and write .pyc files.
+WARMUP: Final = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One finished command: wall ``seconds``, exit ``code`` and ``stderr``."""
+
+    seconds: float
+    code: int
+    stderr: str
+
+
+def executable() -> Path | str:
+    """The ``ralph-mail`` script next to the running interpreter, or why there is none."""
+    exe = Path(sys.executable).parent / "ralph-mail"
+    if not exe.exists():
+        return f"unavailable: no {exe} (is ralph_mail installed in this environment?)"
+    return exe
+
+
+def nosite_path(rm: ModuleType) -> str:
+    """PYTHONPATH that finds ralph_mail and its dependencies without ``site``."""
+    package_parent = Path(rm.__file__ or ".").resolve().parent.parent
+    return os.pathsep.join([str(package_parent), sysconfig.get_paths()["purelib"]])
+
+
+def run_cmd(argv: list[str], env: dict[str, str]) -> Run:
+    """Spawn ``argv``, wait for it, and return its wall time (spawn to reap)."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+        check=False,
+        timeout=120,
+    )
+    dt = time.perf_counter() - t0
+    return Run(dt, proc.returncode, proc.stderr.decode(errors="replace"))
+
+
+def peak_rss_mib(argv: list[str], env: dict[str, str], scratch: Path) -> float:
+    """Peak resident memory of one run of ``argv`` in MiB, or NaN without GNU time.
+
+    Not ``os.wait4`` on our own child: Linux carries the forking process's peak RSS
+    across exec (``signal->maxrss``), so every child of this 40 MiB bench would report
+    at least 40 MiB. GNU time forks the command from a 1 MiB process instead.
+    """
+    gnu_time = Path("/usr/bin/time")
+    if not gnu_time.exists():
+        return math.nan
+    out = scratch / "rss.txt"
+    proc = subprocess.run(
+        [str(gnu_time), "-f", "%M", "-o", str(out), *argv],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        check=False,
+        timeout=120,
+    )
+    try:
+        kib = int(out.read_text().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return math.nan
+    return kib / 1024 if proc.returncode == 0 else math.nan
+
+
+def run(sizes: Sizes, ws: Workspace) -> Section:
+    """Time bare start, send and read, interleaved over ``sizes.cli_runs`` runs."""
+    sec = Section("cli", "Command line: one process per command (ms)")
+    rm, exe = ralph(), executable()
+    status = rm if isinstance(rm, str) else (exe if isinstance(exe, str) else "ok")
+    bare = sec.add(
+        Row(
+            "bare_python",
+            f"{Path(sys.executable).name} -c pass (same venv)",
+            "ms",
+            "lower",
+            extra={"rss_mib": []},
+        )
+    )
+    send = sec.add(
+        Row(
+            "cli_send",
+            "ralph-mail send",
+            "ms",
+            "lower",
+            anchor=bare.key,
+            status=status,
+            extra={"rss_mib": []},
+        )
+    )
+    read = sec.add(
+        Row(
+            "cli_read",
+            "ralph-mail read (one new message)",
+            "ms",
+            "lower",
+            anchor=bare.key,
+            status=status,
+            extra={"rss_mib": []},
+        )
+    )
+    bare_s = sec.add(
+        Row(
+            "bare_python_nosite",
+            f"{Path(sys.executable).name} -S -c pass (no site)",
+            "ms",
+            "lower",
+            extra={"rss_mib": []},
+            note=NOSITE_NOTE,
+        )
+    )
+    send_s = sec.add(
+        Row(
+            "cli_send_nosite",
+            "ralph-mail send, run with -S (no site)",
+            "ms",
+            "lower",
+            anchor=bare_s.key,
+            status=status,
+            extra={"rss_mib": []},
+            note=NOSITE_NOTE,
+        )
+    )
+    bare_env = child_env()
+    cases: list[tuple[Row, list[str], dict[str, str]]] = [
+        (bare, [sys.executable, "-c", "pass"], bare_env),
+        (bare_s, [sys.executable, "-S", "-c", "pass"], bare_env),
+    ]
+    feeder = None
+    if status == "ok":
+        assert not isinstance(rm, str) and not isinstance(exe, str)
+        home = ws.fresh("cli")
+        rm.create_team("cli", ["reader", "sender"], home=home)
+        feeder = rm.MessageBus("cli", "sender", home=home)
+        env = {"RALPH_HOME": str(home), "RALPH_TEAM": "cli"}
+        argv_send = ["send", "reader", "status: parsing done, 3 warnings"]
+        cases += [
+            (
+                send,
+                [str(exe), "send", "reader", "status: parsing done, 3 warnings"],
+                child_env(env | {"RALPH_AGENT": "sender"}),
+            ),
+            (read, [str(exe), "read"], child_env(env | {"RALPH_AGENT": "reader"})),
+            (
+                send_s,
+                [sys.executable, "-S", str(exe), *argv_send],
+                child_env(env | {"RALPH_AGENT": "sender", "PYTHONPATH": nosite_path(rm)}),
+            ),
+        ]
+    try:
+        for i in range(WARMUP + sizes.cli_runs):
+            for row, argv, env in cases:
+                if row.status != "ok":
+                    continue
+                if row is read and feeder is not None:
+                    feeder.send("reader", rm.MessageType.TEXT, "one new message")  # type: ignore[union-attr]
+                result = run_cmd(argv, env)
+                if result.code != 0:
+                    row.status = f"failed: exit {result.code}: {result.stderr.strip()[-300:]}"
+                elif i >= WARMUP:
+                    row.values.append(result.seconds * 1e3)
+        scratch = ws.fresh("rss")
+        for row, argv, env in cases:  # one more run each, through GNU time, for memory
+            if row.status == "ok":
+                if row is read and feeder is not None:
+                    feeder.send("reader", rm.MessageType.TEXT, "one new message")  # type: ignore[union-attr]
+                row.extra["rss_mib"].append(peak_rss_mib(argv, env, scratch))
+    finally:
+        if feeder is not None:
+            feeder.close()
+    return sec

@@ -1,0 +1,610 @@
+"""Turn the sections into the targets table, the terminal report, JSON, Markdown and plots.
+
+The targets are the issue's, verbatim, each computed from figures of the same run:
+figure, anchor, ratio, target, met. A target whose figure is missing (core absent,
+peer not installed, a case failed) says so instead of passing or failing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from bench.common import REPO_ROOT, Row, Section, cost_ratio, optional_module
+from bench.send import fastest_peer
+
+Sections = dict[str, Section]
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One target of the issue.
+
+    Fields: ``key``; ``label``; ``figure`` and ``anchor`` as display strings;
+    ``ratio`` the number the target is judged on (NaN when unknown); ``ratio_text``;
+    ``target`` as the issue states it; ``met`` True, False, or None when there is no
+    figure; ``note`` why there is none, or what the ratio means.
+    """
+
+    key: str
+    label: str
+    figure: str
+    anchor: str
+    ratio: float
+    ratio_text: str
+    target: str
+    met: bool | None
+    note: str = ""
+
+
+def fmt(value: float, unit: str) -> str:
+    """A figure with a sensible number of digits for its size and unit."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if unit == "msg/s":
+        return f"{value:,.0f}"
+    mag = abs(value)
+    if mag >= 100:
+        return f"{value:,.0f}"
+    if mag >= 10:
+        return f"{value:.1f}"
+    if mag >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3f}"
+
+
+def one_line(text: str, limit: int = 160) -> str:
+    """The last non-empty line of ``text``, shortened: a traceback's last line says it all."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    last = lines[-1] if lines else ""
+    kinds = ("failed:", "not installed", "unavailable")
+    if lines and lines[0].startswith(kinds) and last != lines[0]:
+        last = f"{lines[0].split(':', 1)[0]}: {last}"
+    return last if len(last) <= limit else last[: limit - 1] + "…"
+
+
+def spread(row: Row) -> str:
+    """``median unit (min-max)`` of a row, or its status when it has no figure."""
+    if not row.ok:
+        return one_line(row.status)
+    st = row.stat
+    low, high = fmt(st.min, row.unit), fmt(st.max, row.unit)
+    return f"{fmt(st.median, row.unit)} {row.unit} ({low}-{high})"
+
+
+def _extra(row: Row, name: str, agg: Callable[[list[float]], float] | None = None) -> float:
+    values = row.extra.get(name, [])
+    if not values:
+        return math.nan
+    if agg is not None:
+        return agg(values)
+    ordered = sorted(values)
+    return (
+        ordered[len(ordered) // 2]
+        if len(ordered) % 2
+        else (ordered[len(ordered) // 2 - 1] + ordered[len(ordered) // 2]) / 2
+    )
+
+
+def _missing(key: str, label: str, target: str, *rows: Row | None) -> Target | None:
+    """A Target saying why there is no figure, when one of ``rows`` has none."""
+    for row in rows:
+        if row is None:
+            return Target(key, label, "—", "—", math.nan, "—", target, None, "not measured")
+        if not row.ok:
+            return Target(key, label, "—", "—", math.nan, "—", target, None, one_line(row.status))
+    return None
+
+
+def targets(secs: Sections) -> list[Target]:
+    """Evaluate every target of the issue from the sections of one run."""
+    out: list[Target] = []
+    send, writers, wake = secs.get("send"), secs.get("writers"), secs.get("wakeup")
+    read, cli = secs.get("read"), secs.get("cli")
+
+    def row(sec: Section | None, key: str) -> Row | None:
+        return sec.row(key) if sec is not None else None
+
+    def add_ratio(
+        key: str,
+        label: str,
+        fig: Row | None,
+        anc: Row | None,
+        target: str,
+        ratio_fn: Callable[[Row, Row], float],
+        ok: Callable[[float], bool],
+        text: str,
+    ) -> None:
+        miss = _missing(key, label, target, fig, anc)
+        if miss is not None:
+            out.append(miss)
+            return
+        assert fig is not None and anc is not None
+        r = ratio_fn(fig, anc)
+        out.append(
+            Target(
+                key,
+                label,
+                spread(fig),
+                f"{anc.label}: {spread(anc)}",
+                r,
+                text.format(r=r),
+                target,
+                ok(r),
+            )
+        )
+
+    rate_ratio = lambda f, a: f.stat.median / a.stat.median  # noqa: E731 - higher is better
+    time_ratio = lambda f, a: f.stat.median / a.stat.median  # noqa: E731 - lower is better
+    ralph_send = row(send, "ralph_send")
+    peer = fastest_peer(send) if send is not None else None
+    if peer is None and send is not None:
+        out.append(
+            Target(
+                "send_vs_peer",
+                "send vs the fastest peer's put",
+                spread(ralph_send) if ralph_send else "—",
+                "—",
+                math.nan,
+                "—",
+                "≥ 2x",
+                None,
+                "no peer installed (pip install '.[bench]')",
+            )
+        )
+    else:
+        add_ratio(
+            "send_vs_peer",
+            "send vs the fastest peer's put",
+            ralph_send,
+            peer,
+            "≥ 2x",
+            rate_ratio,
+            lambda r: r >= 2.0,
+            "{r:.2f}x the peer's rate",
+        )
+    add_ratio(
+        "send_vs_raw",
+        "send vs raw O_APPEND write",
+        ralph_send,
+        row(send, "raw_write"),
+        "≤ 15x",
+        lambda f, a: cost_ratio(f, a),
+        lambda r: r <= 15.0,
+        "{r:.1f}x the raw write's cost",
+    )
+    add_ratio(
+        "durable_vs_fsync",
+        "durable send vs raw write + fsync",
+        row(send, "ralph_send_durable"),
+        row(send, "raw_write_fsync"),
+        "≥ 0.7x",
+        rate_ratio,
+        lambda r: r >= 0.7,
+        "{r:.2f}x the raw rate",
+    )
+
+    if writers is not None:
+        ks = sorted({int(r.key.split("_")[1]) for r in writers.rows})
+        kmax, kmin = ks[-1], ks[0]
+        add_ratio(
+            "writers_rate",
+            f"{kmax} writers: aggregate vs {kmin} writer",
+            row(writers, f"ralph_{kmax}"),
+            row(writers, f"ralph_{kmin}"),
+            "≥ 1x",
+            rate_ratio,
+            lambda r: r >= 1.0,
+            "{r:.2f}x the single-writer rate",
+        )
+        bare_hi, bare_lo = row(writers, f"flock_{kmax}"), row(writers, f"flock_{kmin}")
+        if out[-1].met is not None and bare_hi and bare_lo and bare_hi.ok and bare_lo.ok:
+            bare = bare_hi.stat.median / bare_lo.stat.median
+            out[-1] = replace(
+                out[-1],
+                ratio_text=f"{out[-1].ratio_text} (bare flock: {bare:.2f}x)",
+                note=f"the bare flock + write anchor scales by {bare:.2f}x on this machine",
+            )
+        fig, anc = row(writers, f"ralph_{kmax}"), row(writers, f"flock_{kmax}")
+        miss = _missing("writers_p99", f"{kmax} writers: p99 lock wait", "≤ 1 ms", fig, anc)
+        if miss is not None:
+            out.append(miss)
+        else:
+            assert fig is not None and anc is not None
+            p99, ap99 = _extra(fig, "p99_us") / 1e3, _extra(anc, "p99_us") / 1e3
+            out.append(
+                Target(
+                    "writers_p99",
+                    f"{kmax} writers: p99 lock wait (send latency)",
+                    f"{fmt(p99, 'ms')} ms (max {fmt(_extra(fig, 'max_us', max) / 1e3, 'ms')} ms)",
+                    f"bare flock: {fmt(ap99, 'ms')} ms",
+                    p99 / ap99,
+                    f"{p99 / ap99:.1f}x bare flock",
+                    "≤ 1 ms",
+                    p99 <= 1.0,
+                )
+            )
+
+    fig, anc = row(wake, "ralph"), row(wake, "inotify")
+    same_step = row(wake, "rustnotify")
+
+    def at_same_step(value: Callable[[Row], float], unit: str) -> str:
+        """The bare watchfiles figure at ralph_mail's setting: the floor of its design."""
+        if same_step is None or not same_step.ok:
+            return ""
+        return f"bare watchfiles RustNotify at step 1 ms: {fmt(value(same_step), unit)} {unit}"
+
+    for key, label, limit, getter in (
+        ("wake_p50", "wake-up p50", 2.0, lambda r: r.stat.median),
+        ("wake_p99", "wake-up p99", 5.0, lambda r: _extra(r, "p99_ms")),
+    ):
+        miss = _missing(key, label, f"≤ {limit:g} ms", fig, anc)
+        if miss is not None:
+            out.append(miss)
+            continue
+        assert fig is not None and anc is not None
+        f, a = getter(fig), getter(anc)
+        out.append(
+            Target(
+                key,
+                label,
+                f"{fmt(f, 'ms')} ms",
+                f"raw inotify: {fmt(a, 'ms')} ms",
+                f / a,
+                f"{f / a:.0f}x raw inotify",
+                f"≤ {limit:g} ms",
+                f <= limit,
+                at_same_step(getter, "ms"),
+            )
+        )
+    miss = _missing("idle_cpu", "idle waiter CPU", "≤ 1 %", fig, anc)
+    if miss is not None:
+        out.append(miss)
+    else:
+        assert fig is not None and anc is not None
+        f, a = _extra(fig, "idle_cpu_pct"), _extra(anc, "idle_cpu_pct")
+        out.append(
+            Target(
+                "idle_cpu",
+                "idle waiter CPU (% of one core)",
+                f"{f:.2f} %",
+                f"raw inotify: {a:.2f} %",
+                math.nan,
+                "—",
+                "≤ 1 %",
+                f <= 1.0,
+                at_same_step(lambda r: _extra(r, "idle_cpu_pct"), "%"),
+            )
+        )
+
+    if read is not None:
+        sizes = sorted(int(r.key.split("_")[1]) for r in read.rows if r.key.startswith("poll_"))
+        n = 1_000 if 1_000 in sizes else (sizes[0] if sizes else 0)
+        add_ratio(
+            "poll_vs_raw",
+            f"poll of {n:,} new vs raw parse",
+            row(read, f"poll_{n}"),
+            row(read, f"raw_parse_{n}"),
+            "≤ 2x",
+            time_ratio,
+            lambda r: r <= 2.0,
+            "{r:.2f}x the raw parse",
+        )
+        backs = sorted(int(r.key.split("_")[1]) for r in read.rows if r.key.startswith("backlog_"))
+        if backs:
+            add_ratio(
+                "poll_backlog",
+                f"poll of 10 new at backlog {backs[-1]:,} vs {backs[0]:,}",
+                row(read, f"backlog_{backs[-1]}"),
+                row(read, f"backlog_{backs[0]}"),
+                "≤ 1.2x",
+                time_ratio,
+                lambda r: r <= 1.2,
+                "{r:.2f}x",
+            )
+    add_ratio(
+        "cli_send",
+        "ralph-mail send vs bare interpreter",
+        row(cli, "cli_send"),
+        row(cli, "bare_python"),
+        "≤ 6x",
+        time_ratio,
+        lambda r: r <= 6.0,
+        "{r:.1f}x",
+    )
+    add_ratio(
+        "cli_send_nosite",
+        "ralph-mail send vs bare start, both run with -S (no site hooks)",
+        row(cli, "cli_send_nosite"),
+        row(cli, "bare_python_nosite"),
+        "≤ 6x",
+        time_ratio,
+        lambda r: r <= 6.0,
+        "{r:.1f}x",
+    )
+    return out
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on, so a reader can weigh them."""
+    info: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "implementation": platform.python_implementation(),
+        "kernel": platform.release(),
+        "cores": os.cpu_count(),
+        "loadavg": os.getloadavg(),
+    }
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+        mem = Path("/proc/meminfo").read_text().split()[1]
+        info["memory_gib"] = round(int(mem) / 2**20, 1)
+    except OSError:
+        pass
+    info["tmp_fs"] = _fs_type(Path(os.environ.get("TMPDIR", "/tmp")))
+    versions: dict[str, str | None] = {}
+    for dist in (
+        "ralph-mail",
+        "orjson",
+        "watchfiles",
+        "filelock",
+        "persist-queue",
+        "litequeue",
+        "diskcache",
+        "matplotlib",
+        "rich",
+    ):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = None
+    info["versions"] = versions
+    try:
+        info["git"] = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        info["git"] = ""
+    info["date"] = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return info
+
+
+def _fs_type(path: Path) -> str:
+    """The filesystem type of the mount holding ``path`` (the longest matching mount)."""
+    best, kind = "", "?"
+    try:
+        for line in Path("/proc/mounts").read_text().splitlines():
+            parts = line.split()
+            mnt = parts[1]
+            if str(path.resolve()).startswith(mnt) and len(mnt) > len(best):
+                best, kind = mnt, parts[2]
+    except OSError:
+        pass
+    return kind
+
+
+def _ratio_cell(sec: Section, r: Row) -> str:
+    if r.anchor is None:
+        return "anchor" if any(o.anchor == r.key for o in sec.rows) else "—"
+    anc = sec.row(r.anchor)
+    if anc is None:
+        return "—"
+    ratio = cost_ratio(r, anc)
+    return "—" if math.isnan(ratio) else f"{ratio:.2f}x"
+
+
+def _extra_cell(r: Row) -> str:
+    parts = []
+    for name, values in r.extra.items():
+        if not values or name == "warm_ms":
+            continue
+        if name == "verified":
+            parts.append("verified" if all(values) else "NOT VERIFIED")
+            continue
+        agg = max(values) if name.startswith("max") else _extra(r, name)
+        unit = name.rsplit("_", 1)[-1]
+        label = name.rsplit("_", 1)[0]
+        unit = {"pct": "%", "us": "µs", "ms": "ms", "mib": "MiB"}.get(unit, unit)
+        parts.append(f"{label} {fmt(agg, unit)} {unit}")
+    return ", ".join(parts)
+
+
+def section_rows(sec: Section) -> list[list[str]]:
+    """Cells of a section's detail table: case, median, min-max, n, cost x anchor, extra."""
+    rows = []
+    for r in sec.rows:
+        if r.ok:
+            st = r.stat
+            cells = [
+                r.label,
+                f"{fmt(st.median, r.unit)} {r.unit}",
+                f"{fmt(st.min, r.unit)}-{fmt(st.max, r.unit)}",
+                str(st.n),
+                _ratio_cell(sec, r),
+                _extra_cell(r),
+            ]
+        else:
+            cells = [r.label, one_line(r.status), "", "", "", ""]
+        rows.append(cells)
+    return rows
+
+
+SECTION_HEAD = ["case", "median", "min-max", "n", "cost x anchor", "more (medians; max = max)"]
+TARGET_HEAD = ["target", "figure", "anchor (same run)", "ratio", "target", "met", "note"]
+
+
+def target_cells(t: Target) -> list[str]:
+    """Cells of one targets-table row."""
+    met = {True: "yes", False: "NO", None: "n/a"}[t.met]
+    if t.met is None:
+        return [t.label, "—", t.anchor, t.ratio_text, t.target, met, t.note]
+    return [t.label, t.figure, t.anchor, t.ratio_text, t.target, met, t.note]
+
+
+def print_report(secs: Sections, tgts: list[Target]) -> None:
+    """The terminal report: a rich table per section and the targets table."""
+    rich = optional_module("rich.console")
+    if isinstance(rich, str):
+        print(markdown(secs, tgts, {}))
+        return
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    # Wide enough for the tables when stdout is a file or a pipe (rich assumes 80 then).
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    for sec in secs.values():
+        title = escape(f"{sec.title}  [{sec.seconds:.0f} s]")
+        table = Table(title=title, title_justify="left")
+        for head in SECTION_HEAD:
+            table.add_column(head, overflow="fold")
+        for cells in section_rows(sec):
+            table.add_row(*map(escape, cells))
+        console.print(table)
+    table = Table(title="Targets (ratios from this run)", title_justify="left")
+    for head in TARGET_HEAD:
+        table.add_column(head, overflow="fold")
+    for t in tgts:
+        cells = target_cells(t)
+        style = {"yes": "green", "NO": "bold red"}.get(cells[5], "yellow")
+        verdict = f"[{style}]{cells[5]}[/{style}]"
+        table.add_row(*map(escape, cells[:5]), verdict, escape(cells[6]))
+    console.print(table)
+
+
+def _md_table(head: list[str], rows: list[list[str]]) -> str:
+    def esc(cell: str) -> str:
+        return cell.replace("|", "\\|")
+
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def markdown(secs: Sections, tgts: list[Target], meta: dict[str, Any]) -> str:
+    """The whole report as Markdown: targets first, then every section."""
+    parts = ["### Targets\n", _md_table(TARGET_HEAD, [target_cells(t) for t in tgts])]
+    for sec in secs.values():
+        parts += [f"\n### {sec.title}\n", _md_table(SECTION_HEAD, section_rows(sec))]
+    if meta:
+        parts.append("\n" + machine_line(meta))
+    return "\n".join(parts) + "\n"
+
+
+def machine_line(meta: dict[str, Any]) -> str:
+    """One sentence naming the machine and the versions of the run."""
+    m = meta.get("machine", {})
+    v = m.get("versions", {})
+    pkgs = ", ".join(f"{k} {val}" for k, val in v.items() if val)
+    return (
+        f"Measured {m.get('date', '?')} on {m.get('cores', '?')} x {m.get('cpu', '?')}, "
+        f"{m.get('memory_gib', '?')} GiB, Linux {m.get('kernel', '?')}, "
+        f"{m.get('tmp_fs', '?')} temporary folder, Python {m.get('python', '?')}; "
+        f"load average at start {_load(m.get('loadavg'))}, at end "
+        f"{_load(meta.get('loadavg_end'))}. Mode `{meta.get('mode', '?')}`, "
+        f"{meta.get('seconds', 0):.0f} s. Packages: {pkgs}."
+    )
+
+
+def _load(load: Any) -> str:
+    if not load:
+        return "?"
+    return " / ".join(f"{x:.2f}" for x in load)
+
+
+def plots(secs: Sections, out_dir: Path) -> list[str] | str:
+    """Write the PNG plots; return their paths, or why there are none."""
+    mpl = optional_module("matplotlib")
+    if isinstance(mpl, str):
+        return f"plots skipped: {mpl} (pip install '.[bench]')"
+    mpl.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    wake = secs.get("wakeup")
+    if wake is not None and wake.samples:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for key, values in wake.samples.items():
+            xs = sorted(v for v in values if v > 0)
+            if not xs:
+                continue
+            ys = [(i + 1) / len(xs) for i in range(len(xs))]
+            row = wake.row(key)
+            ax.step(xs, ys, where="post", label=row.label if row else key)
+        ax.set_xscale("log")
+        ax.set_xlabel("send → woken reader, ms (log scale)")
+        ax.set_ylabel("fraction of messages")
+        ax.set_title("Wake-up latency across processes (CDF)")
+        ax.axvline(2.0, color="grey", ls=":", lw=1)
+        ax.axvline(5.0, color="grey", ls="--", lw=1)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+        path = out_dir / "wakeup_latency.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(str(path))
+    writers = secs.get("writers")
+    if writers is not None and any(r.ok for r in writers.rows):
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4.2))
+        series = (("ralph", "ralph_mail send", "C0"), ("flock", "bare flock + write", "C1"))
+        all_ks: list[int] = []
+        for kind, label, color in series:
+            rows = [r for r in writers.rows if r.key.startswith(kind + "_") and r.ok]
+            if not rows:
+                continue
+            ks = [int(r.key.split("_")[1]) for r in rows]
+            med = [r.stat.median for r in rows]
+            lo = [r.stat.median - r.stat.min for r in rows]
+            hi = [r.stat.max - r.stat.median for r in rows]
+            ax1.errorbar(ks, med, yerr=[lo, hi], marker="o", capsize=3, label=label, color=color)
+            p99 = [_extra(r, "p99_us") for r in rows]
+            ax2.plot(ks, p99, marker="o", label=f"{label}, p99", color=color)
+            worst = [_extra(r, "max_us", max) for r in rows]
+            ax2.plot(ks, worst, marker="x", ls=":", label=f"{label}, max", color=color)
+            all_ks = sorted(set(all_ks) | set(ks))
+        ax1.set_xscale("log", base=2)
+        ax1.set_yscale("log")
+        ax1.set_xlabel("writer processes")
+        ax1.set_ylabel("aggregate messages/s (median, min-max)")
+        ax1.set_title("Throughput into one inbox")
+        ax2.set_xscale("log", base=2)
+        ax2.set_yscale("log")
+        ax2.set_xlabel("writer processes")
+        ax2.set_ylabel("time per send, µs")
+        ax2.set_title("Lock wait + append")
+        ax2.axhline(1000, color="grey", ls="--", lw=1)
+        for ax in (ax1, ax2):
+            ax.set_xticks(all_ks, [str(k) for k in all_ks])
+            ax.xaxis.set_minor_locator(mpl.ticker.NullLocator())
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+        path = out_dir / "writers_throughput.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(str(path))
+    return written
+
+
+def to_json(secs: Sections, tgts: list[Target], meta: dict[str, Any]) -> dict[str, Any]:
+    """Everything in one plain-data document."""
+    return {
+        "meta": meta,
+        "sections": {name: sec.to_json() for name, sec in secs.items()},
+        "targets": [asdict(t) for t in tgts],
+    }
