@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from itertools import accumulate
 from types import TracebackType
@@ -74,6 +75,7 @@ class MessageBus:
         self._members = frozenset(self._team.names)
         self._store = FileStore(self._team.root, durable=settings.durable(durable))
         self.max_message_bytes = settings.max_message_bytes(max_message_bytes)
+        self._gc_auto = settings.gc_auto_bytes()
         self._cursor: Cursor | None = None
         self._scanned = 0  # logical offset up to which _pending is complete
         self._pending: list[tuple[int, Message]] = []  # unconsumed (line start, message)
@@ -237,11 +239,23 @@ class MessageBus:
                 if paused:
                     gc.enable()
 
-    def _save(self, floor: int) -> None:
+    def _save(self, floor: int, pending: list[tuple[int, Message]], acked: int = -1) -> None:
+        # Memory changes only once the cursor is on disk: a failed save consumes nothing.
         cursor = self._load()
-        cursor.floor = floor
-        cursor.acked = {start for start in cursor.acked if start >= floor}
-        self._store.save_cursor(self.agent, cursor)
+        marks = cursor.acked | {acked} if acked >= 0 else cursor.acked
+        saved = Cursor(floor, {start for start in marks if start >= floor})
+        self._store.save_cursor(self.agent, saved)
+        self._cursor, self._pending = saved, pending
+        if self._gc_auto and self._store.collectable(self.agent, floor) >= self._gc_auto:
+            self._compact()
+
+    def _compact(self) -> None:
+        # Only an optimisation: when it fails (no room for the copy) the inbox stays as it was.
+        try:
+            self._store.compact(self.agent)
+        except (MailError, OSError) as exc:
+            message = f"could not compact the inbox of {self.agent!r}: {exc}"
+            warnings.warn(message, RuntimeWarning, stacklevel=4)
 
     def peek(self) -> list[Message]:
         """The unconsumed messages of my inbox, oldest first, without consuming them.
@@ -254,8 +268,7 @@ class MessageBus:
         """Consume and return the unconsumed messages of my inbox, oldest first."""
         messages = [message for _, message in self._refresh()]
         if messages or self._scanned != self._load().floor:
-            self._pending = []
-            self._save(self._scanned)
+            self._save(self._scanned, [])
         return messages
 
     def commit(self, message: Message) -> None:
@@ -264,20 +277,19 @@ class MessageBus:
         A process that crashes between `peek` and `commit` gets the messages again.
         """
         index = _find(self._pending, message)
-        del self._pending[: index + 1]
-        self._save(self._next_floor())
+        rest = self._pending[index + 1 :]
+        self._save(self._next_floor(rest), rest)
 
-    def _next_floor(self) -> int:
+    def _next_floor(self, pending: list[tuple[int, Message]]) -> int:
         # The first unconsumed line; with none, past everything read (set-aside lines too).
-        return self._pending[0][0] if self._pending else self._scanned
+        return pending[0][0] if pending else self._scanned
 
     def _take(self, type: MessageType) -> Message | None:
         """Consume the first unconsumed message of ``type`` only; the others stay unread."""
         for index, (start, message) in enumerate(self._refresh()):
             if message.type == type:
-                del self._pending[index]
-                self._load().acked.add(start)
-                self._save(self._next_floor())
+                rest = self._pending[:index] + self._pending[index + 1 :]
+                self._save(self._next_floor(rest), rest, start)
                 return message
         return None
 

@@ -55,3 +55,11 @@ class ProtocolError(MailError, ValueError):
 
     The lead answers such a message with this error's text instead of acting on it.
     """
+
+
+class LockTimeout(MailError, TimeoutError):
+    """A team-wide lock (the one that keeps two gc runs apart) stayed taken; `path` names it."""
+
+    def __init__(self, message: str, path: Path | str | None = None) -> None:
+        super().__init__(message)
+        self.path = Path(path) if path is not None else None

@@ -60,7 +60,7 @@ class History:
                 self._offsets[agent] = self._store.size(agent)
                 continue
             while True:
-                data, offset = self._store.read(agent, self._offsets[agent])
+                data, offset = self._store.read(agent, self._offsets[agent], skip_collected=True)
                 if not data:
                     break
                 self._offsets[agent] = offset + len(data)

@@ -28,6 +28,16 @@ WATCH_POLL_DELAY_MS: Final = 10
 TAIL_CHUNK_BYTES: Final = 64 * 1024
 #: How long a team operation (create, delete) waits for the roster lock (s).
 ROSTER_LOCK_TIMEOUT_S: Final = 10.0
+#: How long ``ralph-mail gc`` waits for another gc of the same team to finish (s).
+MAINTENANCE_LOCK_TIMEOUT_S: Final = 30.0
+#: An owner compacts its own inbox once this many consumed bytes sit at its front, so a
+#: long-running team's inboxes stay bounded without anyone running gc (0 turns it off).
+GC_AUTO_BYTES: Final = 64 * 1024 * 1024
+#: How long ``ralph-mail doctor`` lets an inbox lock stay taken before calling it stuck (s).
+DOCTOR_LOCK_WAIT_S: Final = 2.0
+#: Below these inotify limits waits may fall back to polling in a big team (doctor warns).
+INOTIFY_MIN_WATCHES: Final = 1024
+INOTIFY_MIN_INSTANCES: Final = 64
 
 #: How long a plan review command (``lead --review cmd:...``) may run before it counts as a
 #: rejection (s): a hanging reviewer must not stall the lead's loop for ever.
@@ -44,6 +54,9 @@ HANDLED_IDS_KEPT: Final = 4096
 #: How far back (lines) a restarted lead looks in a recipient's inbox for a reply it may
 #: have sent just before it died, before sending that reply again.
 RECOVERY_SCAN_LINES: Final = 1000
+
+#: The longest `ralph-mail demo` lets its team run before it gives up (s).
+DEMO_TIMEOUT_S: Final = 120.0
 
 #: Directory and file modes: mail is private to the user who owns the team.
 DIR_MODE: Final = 0o700
@@ -73,3 +86,12 @@ def max_message_bytes(value: int | None = None) -> int:
         return value
     env = os.environ.get("RALPH_MAX_MESSAGE_BYTES")
     return int(env) if env and env.isdigit() else MAX_MESSAGE_BYTES
+
+
+def gc_auto_bytes(value: int | None = None) -> int:
+    """When an owner compacts its inbox: the argument, else ``$RALPH_GC_AUTO_BYTES``, else
+    64 MiB of consumed lines; 0 never."""
+    if value is not None:
+        return value
+    env = os.environ.get("RALPH_GC_AUTO_BYTES")
+    return int(env) if env and env.isdigit() else GC_AUTO_BYTES

@@ -91,3 +91,11 @@ def procs() -> Iterator[Processes]:
         yield processes
     finally:
         processes.reap()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print the fault suite's figures (messages, kills, faults, inputs, lost) when it ran."""
+    from faultkit import summary
+
+    for line in summary():
+        terminalreporter.write_line(line)

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import BOUND_S, cli_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,8 +43,12 @@ def test_readme_console_commands_run_in_order(tmp_path: Path) -> None:
     env = cli_env(tmp_path / "home")
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     done = subprocess.run(
-        ["bash", "-c", "\n".join(script)], cwd=tmp_path, env=env, capture_output=True,
-        timeout=BOUND_S * 4, stdin=subprocess.DEVNULL,
+        ["bash", "-c", "\n".join(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        timeout=BOUND_S * 4,
+        stdin=subprocess.DEVNULL,
     )
     assert done.returncode == 0, done.stderr.decode()
     assert b"Traceback" not in done.stderr
@@ -56,8 +59,11 @@ def test_readme_console_commands_run_in_order(tmp_path: Path) -> None:
 def test_readme_python_examples_run(tmp_path: Path, number: int) -> None:
     """Each Python example of the README runs to completion in a fresh home."""
     done = subprocess.run(
-        [sys.executable, "-c", blocks("python")[number]], cwd=tmp_path,
-        env=cli_env(tmp_path / "home"), capture_output=True, timeout=BOUND_S,
+        [sys.executable, "-c", blocks("python")[number]],
+        cwd=tmp_path,
+        env=cli_env(tmp_path / "home"),
+        capture_output=True,
+        timeout=BOUND_S,
     )
     assert done.returncode == 0, done.stderr.decode()
 

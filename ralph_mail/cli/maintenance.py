@@ -1,0 +1,114 @@
+"""Maintenance commands: doctor (is this home healthy?) and gc (drop consumed mail)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from ralph_mail.cli import EXIT_NO
+from ralph_mail.cli.app import Home, TeamName, app, command, identity
+from ralph_mail.cli.render import print_json_lines
+from ralph_mail.errors import MailError
+
+_MARKS = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}
+
+Json = Annotated[bool, typer.Option("--json", help="One JSON record per line, for scripts.")]
+
+
+@app.command("doctor")
+def doctor(
+    strict: Annotated[
+        bool, typer.Option("--strict", help="Count warnings as problems too (exit 3).")
+    ] = False,
+    home: Home = None,
+    team: TeamName = None,
+    json: Json = False,
+) -> None:
+    """Check the home: file system, inotify, permissions, inboxes, cursors, dead letters,
+    stuck locks and leftovers. Exit 0 when healthy, 3 when a check failed.
+
+    \b
+    Example:
+      ralph-mail doctor --home /tmp/mail
+      ralph-mail doctor --team demo --strict --json | jq -r .message
+    """
+
+    def action() -> int:
+        from ralph_mail.maintenance import doctor as run_doctor
+
+        report = run_doctor(home, team)
+        if json:
+            print_json_lines([finding.to_dict() for finding in report.findings])
+        else:
+            for finding in report.findings:
+                sys.stdout.write(f"{_MARKS[finding.level]}  {finding.message}\n")
+            verdict = "healthy" if report.healthy(strict) else "NOT healthy"
+            problems = len(report.problems)
+            sys.stdout.write(f"{report.home}: {verdict} ({problems} warning(s) or failure(s))\n")
+        sys.stdout.flush()
+        return 0 if report.healthy(strict) else EXIT_NO
+
+    command(action)
+
+
+@app.command("gc")
+def gc(
+    everyone: Annotated[
+        bool, typer.Option("--all", help="Every team in the home, not just --team.")
+    ] = False,
+    home: Home = None,
+    team: TeamName = None,
+    json: Json = False,
+) -> None:
+    """Drop the messages each member has consumed from the front of its inbox.
+
+    Safe while the team sends and reads: unread mail and every cursor are kept.
+
+    \b
+    Example:
+      ralph-mail gc --team demo
+      ralph-mail gc --all --home /tmp/mail --json
+    """
+
+    def action() -> None:
+        from ralph_mail.maintenance import collect
+        from ralph_mail.team import list_teams
+
+        if everyone:
+            names = [roster.name for roster in list_teams(home)]
+        elif team is not None:
+            names = [team]
+        else:
+            try:
+                names = [identity(home, team, None).need_team()]
+            except MailError:
+                raise MailError(
+                    "no team given: pass --team NAME, --all, or set RALPH_TEAM"
+                ) from None
+        for name in names:
+            result = collect(name, home)
+            if json:
+                print_json_lines(
+                    [
+                        {
+                            "team": result.team,
+                            "agent": c.agent,
+                            "removed": c.removed,
+                            "kept": c.kept,
+                            "base": c.base,
+                        }
+                        for c in result.compactions
+                    ]
+                )
+                continue
+            for c in result.compactions:
+                sys.stdout.write(
+                    f"{result.team}/{c.agent}: removed {c.removed} bytes, kept {c.kept}\n"
+                )
+            for path in result.removed_temp:
+                sys.stdout.write(f"{result.team}: removed leftover {path}\n")
+        sys.stdout.flush()
+
+    command(action)
