@@ -32,7 +32,6 @@ from ralph_mail import protocol
 from ralph_mail.bus import MessageBus
 from ralph_mail.errors import ProtocolError
 from ralph_mail.message import Message, MessageType
-from ralph_mail.protocol import InboxWaiter
 from ralph_mail.settings import HANDLED_IDS_KEPT
 from ralph_mail.watch import StopEvent
 
@@ -128,7 +127,6 @@ class TeamAgent:
         self._seen: dict[str, None] = {}  # insertion-ordered set of "sender:id" keys
         self._approvals: dict[str, Message] = {}  # plan_approval by the submission it answers
         self._last_request: Message | None = None
-        self._waiter = InboxWaiter(self.bus)
 
     @property
     def state(self) -> str:
@@ -158,7 +156,7 @@ class TeamAgent:
 
         Returns the messages handled; ``[]`` when none came in time.
         """
-        self._waiter.wait(timeout, stop)
+        self.bus.wait_for_messages(timeout, stop=stop, consume=False)
         return self.process_pending_messages()
 
     def next_task(
@@ -183,7 +181,7 @@ class TeamAgent:
             remaining = None if deadline is None else deadline - time.monotonic()
             if (remaining is not None and remaining <= 0) or (stop is not None and stop.is_set()):
                 return None
-            self._waiter.wait(remaining, stop)
+            self.bus.wait_for_messages(remaining, stop=stop, consume=False)
 
     def _handle(self, message: Message) -> bool:
         key = f"{message.from_agent}:{message.id}"
@@ -343,7 +341,6 @@ class TeamAgent:
 
     def close(self) -> None:
         """Stop watching and release the bus; the agent can be used again after."""
-        self._waiter.close()
         self.bus.close()
 
     def __enter__(self) -> TeamAgent:

@@ -49,7 +49,6 @@ from ralph_mail import protocol, store
 from ralph_mail.bus import MessageBus
 from ralph_mail.errors import InvalidMessage, MailError, ProtocolError, StoreError
 from ralph_mail.message import Message, MessageType, check_name
-from ralph_mail.protocol import InboxWaiter
 from ralph_mail.settings import (
     HANDLED_IDS_KEPT,
     PLAN_REVIEW_TIMEOUT_S,
@@ -352,7 +351,6 @@ class TeamOrchestrator:
         self._unsaved = False  # handled ids or progress not yet in the state file
         self._asks: dict[str, _Ask] = {}
         self._retry_s = SHUTDOWN_RETRY_S
-        self._waiter = InboxWaiter(self.bus)
         try:
             self._load_state()
         except BaseException:
@@ -448,7 +446,8 @@ class TeamOrchestrator:
             if deadline is not None and now >= deadline:
                 return False
             limit = deadline if wake is None else wake if deadline is None else min(wake, deadline)
-            self._waiter.wait(None if limit is None else max(0.0, limit - now), stop)
+            timeout = None if limit is None else max(0.0, limit - now)
+            self.bus.wait_for_messages(timeout, stop=stop, consume=False)
 
     def _handle(self, message: Message) -> None:
         key = f"{message.from_agent}:{message.id}"
@@ -834,7 +833,6 @@ class TeamOrchestrator:
         """Stop watching and release the bus; the orchestrator can be used again after."""
         if self._unsaved:
             self._save_state()
-        self._waiter.close()
         self.bus.close()
 
     def __enter__(self) -> TeamOrchestrator:

@@ -14,17 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import math
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from ralph_mail.errors import InvalidMessage, ProtocolError
 from ralph_mail.message import Message
-from ralph_mail.settings import WATCH_SAFETY_POLL_S
 
 if TYPE_CHECKING:
-    from ralph_mail.bus import MessageBus
-    from ralph_mail.watch import StopEvent, Watcher
+    pass
 
 #: The states a status update may report (DESIGN §3), in the order a task goes through them.
 STATES: Final = ("idle", "working", "blocked", "done", "failed")
@@ -196,56 +193,3 @@ def derived_id(*parts: str) -> str:
     True
     """
     return hashlib.blake2b("\0".join(parts).encode(), digest_size=6).hexdigest()
-
-
-class InboxWaiter:
-    """Blocks until an agent's inbox has unconsumed mail, without consuming it.
-
-    `MessageBus.wait_for_messages` consumes what it returns; an at-least-once consumer
-    needs the wait without the consumption, then `peek`, handle, `commit`.
-
-    Example:
-        >>> waiter = InboxWaiter(bus)                       # doctest: +SKIP
-        >>> for message in waiter.wait(timeout=5.0):        # doctest: +SKIP
-        ...     handle(message); bus.commit(message)
-    """
-
-    def __init__(self, bus: MessageBus) -> None:
-        self._bus = bus
-        self._watcher: Watcher | None = None
-
-    def wait(self, timeout: float | None = None, stop: StopEvent | None = None) -> list[Message]:
-        """The unconsumed messages (like `MessageBus.peek`), once there are any.
-
-        Returns ``[]`` after ``timeout`` seconds (None: no limit) or when ``stop`` is set.
-        Raises KeyboardInterrupt when a signal whose handler raises interrupts the wait.
-        """
-        found = self._bus.peek()
-        if found or (timeout is not None and timeout <= 0):
-            return found
-        deadline = None if timeout is None else time.monotonic() + timeout
-        watcher = self._watch()
-        while True:
-            found = self._bus.peek()  # also catches what arrived while the watcher started
-            if found or (stop is not None and stop.is_set()):
-                return found
-            # An event is only a hint: wake at least every WATCH_SAFETY_POLL_S and re-read.
-            remaining = WATCH_SAFETY_POLL_S
-            if deadline is not None:
-                remaining = min(remaining, deadline - time.monotonic())
-                if remaining <= 0:
-                    return found
-            watcher.wait(remaining, stop)
-
-    def _watch(self) -> Watcher:
-        if self._watcher is None:
-            from ralph_mail.watch import Watcher
-
-            self._watcher = Watcher(self._bus.team.root / "mailbox")
-        return self._watcher
-
-    def close(self) -> None:
-        """Stop watching; the waiter can be used again after."""
-        if self._watcher is not None:
-            self._watcher.close()
-            self._watcher = None

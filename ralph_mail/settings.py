@@ -21,6 +21,8 @@ WATCH_STEP_MS: Final = 1
 #: A waiter re-reads its inbox at least this often even with no file event (s), so a lost
 #: event (inotify queue overflow, a file system without events) delays mail, never loses it.
 WATCH_SAFETY_POLL_S: Final = 1.0
+#: How often a wait given a stop event looks at it (s): poll(2) cannot watch the event itself.
+WATCH_STOP_CHECK_S: Final = 0.05
 #: Poll interval (ms) when file events are unavailable and the waiter falls back to polling.
 WATCH_POLL_DELAY_MS: Final = 10
 

@@ -39,6 +39,7 @@ import re
 import shutil
 import struct
 import time
+import weakref
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -52,7 +53,9 @@ from ralph_mail.message import format_ts
 from ralph_mail.settings import DIR_MODE, FILE_MODE, TAIL_CHUNK_BYTES
 
 _OPEN_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC
-_TS_TAIL = re.compile(rb'"ts":"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\.(\d{6})Z"')
+_TS_TAIL = re.compile(rb'"ts":"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z)"')
+#: Stands for the ts while a line is encoded outside the lock: a wire ts is this wide.
+_TS_PLACEHOLDER = "0000-00-00T00:00:00.000000Z"
 #: A sender reads this much of the inbox's end to check for a torn line and find the last ts.
 _TAIL_PROBE = 160
 #: The largest slice of an inbox one read returns; the rest comes with the next read.
@@ -106,8 +109,7 @@ def write_all(fd: int, data: bytes) -> None:
         return
     view = memoryview(data)[written:]
     while view:
-        written = os.write(fd, view)
-        view = view[written:]
+        view = view[os.write(fd, view) :]
 
 
 def write_file_atomic(path: Path, data: bytes) -> None:
@@ -129,14 +131,6 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def parse_ts(date_time: bytes, fraction: bytes) -> int:
-    """Microseconds since the epoch for the two halves of a wire timestamp."""
-    import calendar
-
-    seconds = calendar.timegm(time.strptime(date_time.decode(), "%Y-%m-%dT%H:%M:%S"))
-    return seconds * 1_000_000 + int(fraction)
 
 
 @dataclass
@@ -323,7 +317,7 @@ class _Writer:
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.end = -1  # inbox size after our last append; -1: unknown, probe the tail
-        self.last_ts = 0
+        self.last_ts = ""  # wire timestamps are fixed-width, so they compare as strings
         self.pid = os.getpid()
 
 
@@ -394,6 +388,9 @@ class FileStore:
         self._writers: dict[str, _Writer] = {}
         self._readers: dict[str, _Reader] = {}
         self._cursors: dict[str, _CursorFile] = {}
+        # A store dropped without close() (a bus never closed) still gives its descriptors
+        # back when it is collected, instead of holding them for the life of the process.
+        weakref.finalize(self, _close_descriptors, self._writers, self._readers, self._cursors)
 
     # -- paths ---------------------------------------------------------------------------
 
@@ -449,26 +446,32 @@ class FileStore:
         would deliver is left; what cannot be cut back is a torn tail that the next sender
         sets aside.
         """
+        # Encode before locking, with a placeholder of the ts's fixed width: under the lock
+        # only the ts is taken and spliced in, and the line written.
+        envelope["ts"] = _TS_PLACEHOLDER
+        try:
+            line = orjson.dumps(envelope, option=orjson.OPT_APPEND_NEWLINE)
+        except TypeError as exc:
+            raise InvalidMessage(f"message cannot be encoded as UTF-8 JSON: {exc}") from None
+        if len(line) > max_bytes:
+            raise InvalidMessage(
+                f"message of {len(line)} bytes is over the {max_bytes}-byte limit: "
+                "send a shorter body or raise RALPH_MAX_MESSAGE_BYTES"
+            )
+        # The ts key is the last one but for reply_to (12 hex digits), and a quote inside a
+        # string value is escaped, so the last '"ts":"' is the envelope's own.
+        cut = line.rfind(b'"ts":"') + 6
+        head, tail = line[:cut], line[cut + len(_TS_PLACEHOLDER) :]
         writer, size = self._lock(agent)
         fd = writer.fd
         try:
             if size != writer.end:  # another process wrote since our last append
                 size = self._probe_tail(agent, writer, size)
-            now = time.time_ns() // 1000
-            if now < writer.last_ts:  # the wall clock stepped back: keep the inbox ordered
-                now = writer.last_ts
-            envelope["ts"] = format_ts(now)
+            ts = format_ts(time.time_ns() // 1000)
+            if ts < writer.last_ts:  # the wall clock stepped back: keep the inbox ordered
+                ts = writer.last_ts
             try:
-                line = orjson.dumps(envelope, option=orjson.OPT_APPEND_NEWLINE)
-            except TypeError as exc:
-                raise InvalidMessage(f"message cannot be encoded as UTF-8 JSON: {exc}") from None
-            if len(line) > max_bytes:
-                raise InvalidMessage(
-                    f"message of {len(line)} bytes is over the {max_bytes}-byte limit: "
-                    "send a shorter body or raise RALPH_MAX_MESSAGE_BYTES"
-                )
-            try:
-                write_all(fd, line)
+                write_all(fd, head + ts.encode() + tail)
                 if self.durable:
                     os.fsync(fd)
             except OSError as exc:
@@ -479,8 +482,8 @@ class FileStore:
                     self.inbox_path(agent),
                 ) from None
             writer.end = size + len(line)
-            writer.last_ts = now
-            return envelope["ts"]  # type: ignore[no-any-return]
+            writer.last_ts = ts
+            return ts
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
 
@@ -492,7 +495,7 @@ class FileStore:
     def _probe_tail(self, agent: str, writer: _Writer, size: int) -> int:
         """Under the lock: set aside a torn last line, learn the last ts; return the size."""
         if size == 0:
-            writer.last_ts = 0
+            writer.last_ts = ""
             return 0
         tail = os.pread(writer.fd, min(size, _TAIL_PROBE), size - min(size, _TAIL_PROBE))
         if not tail.endswith(b"\n"):
@@ -503,9 +506,9 @@ class FileStore:
             writer.last_ts = stamp if stamp is not None else self._last_ts(writer.fd, size)
         return size
 
-    def _last_ts(self, fd: int, size: int) -> int:
-        """The ts of the last whole line (0 when there is none or it has no ts)."""
-        return _last_stamp(_last_line(fd, size)[1]) or 0
+    def _last_ts(self, fd: int, size: int) -> str:
+        """The ts of the last whole line ("" when there is none or it has no ts)."""
+        return _last_stamp(_last_line(fd, size)[1]) or ""
 
     def _quarantine_tail(self, agent: str, fd: int, size: int) -> int:
         """Move a line left unfinished by a killed writer to the dead letters; cut it off."""
@@ -875,25 +878,32 @@ class FileStore:
 
     def close(self) -> None:
         """Close every kept descriptor (those inherited through fork are left alone)."""
-        pid = os.getpid()
-        for writer in self._writers.values():
-            if writer.pid == pid:
-                os.close(writer.fd)
-        for reader in self._readers.values():
-            os.close(reader.fd)
-        for cursor_file in self._cursors.values():
-            cursor_file.close()
-        self._writers.clear()
-        self._readers.clear()
-        self._cursors.clear()
+        _close_descriptors(self._writers, self._readers, self._cursors)
 
 
-def _last_stamp(data: bytes) -> int | None:
+def _close_descriptors(
+    writers: dict[str, _Writer], readers: dict[str, _Reader], cursors: dict[str, _CursorFile]
+) -> None:
+    # Takes the dicts, not the store, so that it can also run as the store's finalizer.
+    pid = os.getpid()
+    for writer in writers.values():
+        if writer.pid == pid:
+            os.close(writer.fd)
+    for reader in readers.values():
+        os.close(reader.fd)
+    for cursor_file in cursors.values():
+        cursor_file.close()
+    writers.clear()
+    readers.clear()
+    cursors.clear()
+
+
+def _last_stamp(data: bytes) -> str | None:
     """The last wire timestamp in ``data`` (the ts key comes last but for reply_to)."""
     found = None
     for found in _TS_TAIL.finditer(data):  # noqa: B007 - we want the last match
         pass
-    return parse_ts(found.group(1), found.group(2)) if found else None
+    return found.group(1).decode() if found else None
 
 
 def _pread_all(fd: int, length: int, offset: int) -> bytes:

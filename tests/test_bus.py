@@ -345,3 +345,29 @@ def test_home_accepts_str_and_path(home: Path) -> None:
     create_team("t", ["a", "b"], home=str(home))
     assert MessageBus("t", "a", home=home).send("b", "text", "x").to_agent == "b"
     assert MessageBus("t", "b", home=str(home)).poll()[0].content == "x"
+
+
+def test_wait_without_consuming_leaves_the_mail_for_commit(team: Team) -> None:
+    """wait_for_messages(consume=False) returns what peek would and consumes nothing."""
+    MessageBus("demo", "worker-1").send("lead", "text", "handle me")
+    lead = MessageBus("demo", "lead")
+    (message,) = lead.wait_for_messages(timeout=5, consume=False)
+    assert [m.content for m in MessageBus("demo", "lead").peek()] == ["handle me"]
+    lead.commit(message)
+    assert MessageBus("demo", "lead").poll() == []
+    assert lead.wait_for_messages(timeout=0.05, consume=False) == []
+
+
+def test_an_unclosed_bus_gives_its_descriptors_back(team: Team) -> None:
+    """Buses dropped without close() release their descriptors when collected."""
+    import gc
+
+    def open_descriptors() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_descriptors()
+    for _ in range(100):
+        MessageBus("demo", "worker-1").send("lead", "text", "x")
+        MessageBus("demo", "lead").poll()
+    gc.collect()
+    assert open_descriptors() <= before + 2

@@ -76,6 +76,7 @@ def test_wait_is_woken_by_a_send_from_another_process(team: Team, procs: Process
 def test_watcher_wakes_on_a_file_event_not_on_its_timeout(team: Team, procs: Processes) -> None:
     """The watcher returns True (an event, not its timeout) when another process appends."""
     watcher = Watcher(team.root / "mailbox")
+    assert not watcher.polling  # file events, not the polling fallback
     try:
         sender = procs.python(
             "from ralph_mail import MessageBus as B; B('demo','worker-1').send('lead','text','x')",
