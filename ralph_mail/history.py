@@ -36,6 +36,9 @@ class History:
         self.agents = list(agents)
         self._store = FileStore(roster.root)
         self._offsets: dict[str, int] = {}
+        #: Bytes of each inbox that gc collected before this view could show them: a view
+        #: that falls behind the owner by more than one compaction skips what is gone.
+        self.skipped: dict[str, int] = {}
         self._broadcasts_seen: set[str] = set()
 
     def last(self, count: int) -> list[Message]:
@@ -60,10 +63,12 @@ class History:
                 self._offsets[agent] = self._store.size(agent)
                 continue
             while True:
-                data, offset = self._store.read(agent, self._offsets[agent], skip_collected=True)
+                wanted = self._offsets[agent]
+                data, offset = self._store.read(agent, wanted, skip_collected=True)
+                self.skipped[agent] = self.skipped.get(agent, 0) + offset - wanted
+                self._offsets[agent] = offset + len(data)
                 if not data:
                     break
-                self._offsets[agent] = offset + len(data)
                 merged.extend(self._decode(data.split(b"\n")[:-1]))
         merged.sort(key=lambda message: message.ts)
         return merged

@@ -535,13 +535,13 @@ class FileStore:
             return previous
         return base
 
-    def _reader(self, agent: str) -> _Reader:
+    def _reader(self, agent: str, *, replaced_too: bool = False) -> _Reader:
+        """The kept read descriptor, on the linked inbox unless ``replaced_too``."""
         reader = self._readers.get(agent)
         if reader is not None:
-            if os.fstat(reader.fd).st_nlink:
+            if replaced_too or os.fstat(reader.fd).st_nlink:
                 return reader
-            os.close(reader.fd)  # gc replaced the inbox: follow it to the new inode
-            del self._readers[agent]
+            self._drop_reader(agent)  # gc replaced the inbox: follow it to the new inode
         path = self.inbox_path(agent)
         while True:
             try:
@@ -567,6 +567,9 @@ class FileStore:
         self._readers[agent] = reader
         return reader
 
+    def _drop_reader(self, agent: str) -> None:
+        os.close(self._readers.pop(agent).fd)
+
     def read(self, agent: str, offset: int, *, skip_collected: bool = False) -> tuple[bytes, int]:
         """The whole lines of ``agent``'s inbox from logical ``offset``, and that offset.
 
@@ -574,9 +577,12 @@ class FileStore:
         about `READ_MAX_BYTES` (more only to finish one long line); call again for the rest.
         An ``offset`` below the inbox start (gc collected it) is an error, unless
         ``skip_collected`` (a viewer that consumes nothing), which moves it to the start.
+
+        An inbox replaced by gc is read to its end before the new one: it holds every line
+        up to the compaction, so a reader behind the owner (``tail -f``) skips nothing.
         """
         while True:
-            reader = self._reader(agent)
+            reader = self._reader(agent, replaced_too=True)
             position = offset - reader.base
             if position < 0 and skip_collected:
                 offset, position = reader.base, 0
@@ -592,7 +598,8 @@ class FileStore:
             if available <= 0:
                 if status.st_nlink:
                     return b"", offset
-                continue  # the inode was replaced (gc): read the new one
+                self._drop_reader(agent)  # all of the replaced inode is read: on to the new
+                continue
             # Ask for what is there, not for a fixed maximum: pread allocates what it is asked.
             data = os.pread(reader.fd, min(available, READ_MAX_BYTES), position)
             end = data.rfind(b"\n") + 1
@@ -604,8 +611,10 @@ class FileStore:
                     break
                 data += more
                 end = data.rfind(b"\n") + 1
+            if not end and not status.st_nlink:  # a replaced inode never gets its line's end
+                self._drop_reader(agent)
+                continue
             return data[:end], offset
-            # Read nothing whole and the inode was replaced meanwhile: read the new one.
 
     def read_tail(self, agent: str, lines: int) -> tuple[list[bytes], int]:
         """The last ``lines`` whole lines of the inbox, and the logical offset after them.

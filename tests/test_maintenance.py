@@ -77,8 +77,8 @@ def test_gc_sets_a_torn_tail_aside(team: Team) -> None:
     assert "torn" in str(dead_letters(team.root, "lead")[0]["reason"])
 
 
-def test_a_viewer_lagging_behind_gc_skips_to_the_start(team: Team) -> None:
-    """tail -f (History) whose position was collected continues from the new start."""
+def test_a_viewer_behind_gc_still_shows_every_message(team: Team) -> None:
+    """tail -f (History) behind a compaction reads the replaced inbox to its end first."""
     from ralph_mail.history import History
 
     view = History("demo", ["lead"])
@@ -87,7 +87,28 @@ def test_a_viewer_lagging_behind_gc_skips_to_the_start(team: Team) -> None:
     MessageBus("demo", "lead").poll()
     collect("demo")
     fill(1, 3)
-    assert [m.content for m in view.new()] == ["m3"]
+    assert [m.content for m in view.new()] == ["m0", "m1", "m2", "m3"]
+    assert view.skipped["lead"] == 0
+
+
+def test_a_viewer_whose_position_was_collected_continues_from_the_new_start(
+    team: Team,
+) -> None:
+    """Lines collected from an inbox the viewer never had open are skipped, without error."""
+    from ralph_mail.history import History
+
+    view = History("demo", ["lead"])
+    view.last(0)
+    lead = MessageBus("demo", "lead")
+    fill(2)
+    lead.poll()
+    collect("demo")  # the viewer still has this first inbox open
+    fill(2, 2)
+    lead.poll()
+    collect("demo")  # m2 and m3 were only ever in the second one
+    fill(1, 4)
+    assert [m.content for m in view.new()] == ["m0", "m1", "m4"]
+    assert view.skipped["lead"] > 0  # and it says so (tail -f prints a note)
 
 
 def test_a_deleted_cursor_rereads_from_what_gc_kept(team: Team) -> None:

@@ -335,7 +335,15 @@ def tail(
         try:
             print_messages(view.last(lines), json)
             if follow:
+                shown_skipped = 0
                 for batch in view.follow():
+                    skipped = sum(view.skipped.values())
+                    if skipped > shown_skipped:  # fell behind gc: say so, never silently
+                        sys.stderr.write(
+                            f"ralph-mail: note: {skipped - shown_skipped} bytes of mail were "
+                            "collected by gc before tail could show them\n"
+                        )
+                        shown_skipped = skipped
                     print_messages(batch, json)
         finally:
             view.close()
