@@ -53,7 +53,7 @@ from ralph_mail.message import format_ts
 from ralph_mail.settings import DIR_MODE, FILE_MODE, TAIL_CHUNK_BYTES
 
 _OPEN_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC
-_TS_TAIL = re.compile(rb'"ts":"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z)"')
+_TS_VALUE = re.compile(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
 #: Stands for the ts while a line is encoded outside the lock: a wire ts is this wide.
 _TS_PLACEHOLDER = "0000-00-00T00:00:00.000000Z"
 #: A sender reads this much of the inbox's end to check for a torn line and find the last ts.
@@ -908,11 +908,13 @@ def _close_descriptors(
 
 
 def _last_stamp(data: bytes) -> str | None:
-    """The last wire timestamp in ``data`` (the ts key comes last but for reply_to)."""
-    found = None
-    for found in _TS_TAIL.finditer(data):  # noqa: B007 - we want the last match
-        pass
-    return found.group(1).decode() if found else None
+    """The last wire timestamp in ``data`` (the ts key comes last but for reply_to).
+
+    Runs under the inbox lock on every contended send, so it is an rfind, not a scan.
+    """
+    start = data.rfind(b'"ts":"') + 6
+    stamp = data[start : start + len(_TS_PLACEHOLDER)]
+    return stamp.decode() if start > 5 and _TS_VALUE.fullmatch(stamp) else None
 
 
 def _pread_all(fd: int, length: int, offset: int) -> bytes:

@@ -98,3 +98,17 @@ def test_every_target_is_reported(report: dict[str, Any]) -> None:
         assert target["met"] in (True, False, None)
         if target["met"] is None:
             assert target["note"], target["key"]
+
+
+def test_hold_time_experiment_runs() -> None:
+    """bench/hold_time.py (cited in the README) runs and prints one row per hold time."""
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, str(root / "bench" / "hold_time.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "µs |" in line]
+    assert [row.split(" |")[0] for row in rows] == ["| 0 µs", "| 2 µs", "| 5 µs", "| 10 µs"]
