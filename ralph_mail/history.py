@@ -13,7 +13,7 @@ from ralph_mail.message import BROADCAST_ADDRESS, Message, decode_lines
 from ralph_mail.settings import WATCH_SAFETY_POLL_S
 from ralph_mail.store import FileStore
 from ralph_mail.team import load_team
-from ralph_mail.watch import StopEvent  # watchfiles itself is imported only by Watcher()
+from ralph_mail.watch import StopEvent
 
 
 class History:
