@@ -28,8 +28,6 @@ WATCH_POLL_DELAY_MS: Final = 10
 
 #: How much of an inbox `tail` reads per step backwards from the end.
 TAIL_CHUNK_BYTES: Final = 64 * 1024
-#: How long a team operation (create, delete) waits for the roster lock (s).
-ROSTER_LOCK_TIMEOUT_S: Final = 10.0
 #: How long ``ralph-mail gc`` waits for another gc of the same team to finish (s).
 MAINTENANCE_LOCK_TIMEOUT_S: Final = 30.0
 #: An owner compacts its own inbox once this many consumed bytes sit at its front, so a

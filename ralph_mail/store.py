@@ -1058,12 +1058,3 @@ def remove_team_files(home: Path, name: str) -> None:
     doomed = teams_dir(home) / f".{name}.{os.getpid()}.{time.time_ns()}.deleted"
     os.rename(target, doomed)
     shutil.rmtree(doomed)
-
-
-def iter_lines(data: bytes, offset: int) -> Iterator[tuple[int, int, bytes]]:
-    """``(start, end, line)`` for each newline-terminated line of ``data`` read at ``offset``."""
-    start = offset
-    for line in data.split(b"\n")[:-1]:
-        end = start + len(line) + 1
-        yield start, end, line
-        start = end

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from typer._click.exceptions import NoArgsIsHelpError
 
-from ralph_mail.cli import EXIT_USAGE, error_line, guarded
+from ralph_mail.cli import EXIT_INTERRUPTED, EXIT_USAGE, error_line, guarded
 from ralph_mail.cli.send import Identity
 
 app = typer.Typer(
@@ -78,5 +78,5 @@ def run(args: Sequence[str]) -> int:
     except typer.Abort:
         return EXIT_USAGE
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     return result if isinstance(result, int) else 0
