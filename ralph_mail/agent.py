@@ -33,7 +33,7 @@ from ralph_mail.bus import MessageBus
 from ralph_mail.errors import ProtocolError
 from ralph_mail.message import Message, MessageType
 from ralph_mail.settings import HANDLED_IDS_KEPT
-from ralph_mail.watch import StopEvent
+from ralph_mail.store.watch import StopEvent
 
 
 @dataclass(frozen=True, slots=True)

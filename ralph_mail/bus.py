@@ -4,33 +4,55 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 import time
 import warnings
+from collections import deque
 from collections.abc import Callable, Mapping
 from itertools import accumulate, repeat
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
+import orjson
+
 from ralph_mail import settings
-from ralph_mail.errors import BroadcastError, InvalidMessage, MailError, UnknownAgent
+from ralph_mail.errors import (
+    BroadcastError,
+    DepthLimit,
+    InboxBusy,
+    InvalidMessage,
+    LockTimeout,
+    MailError,
+    NoReply,
+    UnknownAgent,
+)
 from ralph_mail.message import (
     BROADCAST_ADDRESS,
+    TS_PLACEHOLDER,
     Message,
     MessageType,
+    check_chain,
     check_id,
     check_metadata,
     check_name,
+    check_priority,
     check_type,
+    check_visibility,
     decode_lines,
+    encode_parts,
+    format_ts,
     from_envelope,
     new_id,
 )
 from ralph_mail.settings import WATCH_SAFETY_POLL_S
-from ralph_mail.store import Cursor, FileStore
-from ralph_mail.team import Team, load_team
+from ralph_mail.store.base import Cursor, TeamStore, Waiter
+from ralph_mail.team import Team, load_team, parse_roster
 
 if TYPE_CHECKING:
-    from ralph_mail.watch import StopEvent, Watcher
+    from datetime import datetime
+
+    from ralph_mail.presence import AgentInfo
+    from ralph_mail.store.watch import StopEvent
 
 _T = TypeVar("_T")
 
@@ -58,6 +80,8 @@ class MessageBus:
         home: the mailbox home (default ``$RALPH_HOME`` or ``~/.ralph``).
         durable: fsync each send (default ``$RALPH_DURABLE``, else off).
         max_message_bytes: the largest encoded line accepted (default 1 MiB).
+        backend: where the team is kept (default ``$RALPH_BACKEND``, else files under
+            ``home``; ``memory://NAME`` keeps it in this process).
     """
 
     def __init__(
@@ -68,18 +92,31 @@ class MessageBus:
         *,
         durable: bool | None = None,
         max_message_bytes: int | None = None,
+        backend: str | None = None,
     ) -> None:
         self.agent = check_name(agent, "agent name")
-        self._team = load_team(team, home)
+        self._team = load_team(team, home, backend=backend)
         self._team.member(agent)
         self._members = frozenset(self._team.names)
-        self._store = FileStore(self._team.root, durable=settings.durable(durable))
+        self._store = self._team.store
+        self._store.durable = settings.durable(durable)
         self.max_message_bytes = settings.max_message_bytes(max_message_bytes)
         self._gc_auto = settings.gc_auto_bytes()
+        self._compact_due = False
         self._cursor: Cursor | None = None
         self._scanned = 0  # logical offset up to which _pending is complete
-        self._pending: list[tuple[int, Message]] = []  # unconsumed (line start, message)
-        self._watcher: Watcher | None = None
+        # Unconsumed (line start, message), oldest first: a deque, so that committing
+        # message after message (the lead catching up) costs O(1) each, not O(pending).
+        self._pending: deque[tuple[int, Message]] = deque()
+        self._watcher: Waiter | None = None
+        self._lock = threading.RLock()  # asks from several threads consume one at a time
+        self._touched = -_TOUCH_EVERY_S  # when this bus last noted its agent as active
+        #: The agents the request this process handles passed through (``RALPH_CHAIN``):
+        #: a request this bus sends carries it on, plus me.
+        try:
+            self.chain = check_chain(os.environ.get("RALPH_CHAIN", ""))
+        except MailError as exc:
+            raise InvalidMessage(f"RALPH_CHAIN: {exc}") from None
 
     # -- who ----------------------------------------------------------------------------
 
@@ -89,13 +126,20 @@ class MessageBus:
         return self._team
 
     @property
+    def store(self) -> TeamStore:
+        """The team's storage (the seam every backend implements)."""
+        return self._store
+
+    @property
     def durable(self) -> bool:
         """Whether each send is fsynced before it returns."""
         return self._store.durable
 
     def refresh_team(self) -> Team:
         """Reload the roster from disk."""
-        self._team = load_team(self._team.name, self._team.home)
+        self._team = parse_roster(
+            self._store.roster(), self._team.home, self._team.name, self._store
+        )
         self._members = frozenset(self._team.names)
         return self._team
 
@@ -121,20 +165,248 @@ class MessageBus:
         *,
         reply_to: str | None = None,
         id: str | None = None,
+        thread: str | None = None,
+        priority: str | None = None,
+        ack: bool = False,
+        visibility: str | None = None,
     ) -> Message:
         """Append one message to ``to``'s inbox; return it as written.
 
         When this returns, the message is in the file (and on disk in durable mode). When
         it raises, nothing a reader would deliver was written. Pass ``id`` to retry a send
-        under the same id, so a receiver that remembers ids handles it once.
+        under the same id, so a receiver that remembers ids handles it once. ``thread``,
+        ``priority``, ``ack`` and ``visibility`` set the envelope keys of those names
+        (omitted at their defaults: its own thread, normal, no ack, internal).
 
         Example:
             >>> bus.send("lead", MessageType.TEXT, "retry me", id="9f1c2e3d4b5a")  # doctest: +SKIP
         """
+        return self._send(to, type, content, metadata, reply_to, id, thread, priority, ack,
+                          visibility)  # fmt: skip
+
+    def _send(
+        self,
+        to: str,
+        type: MessageType | str,
+        content: str,
+        metadata: Mapping[str, str] | None,
+        reply_to: str | None,
+        id: str | None,
+        thread: str | None = None,
+        priority: str | None = None,
+        ack: bool = False,
+        visibility: str | None = None,
+        chain: tuple[str, ...] = (),
+    ) -> Message:
         recipient = self._recipient(to)
         envelope = self._envelope(recipient, type, content, metadata, reply_to, id)
-        envelope["ts"] = self._store.append(recipient, envelope, self.max_message_bytes)
-        return from_envelope(envelope)
+        _extend(envelope, thread, priority, ack, visibility, chain)
+        self._touch()
+        head, tail = encode_parts(envelope, self.max_message_bytes)
+        envelope["ts"], offset = self._store.append(recipient, head, tail)
+        message = from_envelope(envelope)
+        self._index(message, offset, len(head) + len(TS_PLACEHOLDER) + len(tail))
+        return message
+
+    def _index(self, message: Message, offset: int, length: int) -> None:
+        """Note where a direct message is, for `history` and `thread`.
+
+        After the append, not under its lock: a process killed in between leaves the
+        message delivered but missing from history (never the other way round).
+        """
+        recipient = message.to_agent
+        self._store.index_add(_pair_key(self.agent, recipient), recipient, offset, length)
+        if message.thread != message.id or message.type in _THREAD_STARTERS:
+            self._store.index_add(f"thread+{message.thread}", recipient, offset, length)
+
+    def history(self, with_agent: str, limit: int = 20) -> list[Message]:
+        """The last ``limit`` messages between me and ``with_agent``, both directions,
+        oldest first. Costs O(limit), however much else the team's inboxes hold.
+
+        Example:
+            >>> [m.content for m in bus.history("analyst", 5)]  # doctest: +SKIP
+        """
+        other = self._recipient(with_agent)
+        if not isinstance(limit, int) or limit < 0:
+            raise InvalidMessage(f"invalid limit {limit!r}: give a count >= 0")
+        return self._indexed(_pair_key(self.agent, other), limit)
+
+    def thread(self, thread_id: str) -> list[Message]:
+        """Every message of thread ``thread_id`` (a request or delegation and what answered
+        it, in that thread), in order.
+
+        Example:
+            >>> [m.type for m in bus.thread(question.id)]  # doctest: +SKIP
+            ['request', 'reply']
+        """
+        return self._indexed(f"thread+{check_id(thread_id, 'thread id')}", 1 << 62)
+
+    def _indexed(self, key: str, limit: int) -> list[Message]:
+        found: list[Message] = []
+        for agent, offset, length in self._store.index_tail(key, limit):
+            line = self._store.read_line(agent, offset, length)
+            if line is None:
+                continue  # collected by gc
+            message = decode_lines([line])[0][0]
+            if isinstance(message, Message):
+                found.append(message)
+        return found
+
+    # -- presence -------------------------------------------------------------------------
+
+    def _touch(self) -> None:
+        """Note that my agent is active (at most once a second per bus: cheap in a loop)."""
+        now = time.monotonic()
+        if now - self._touched < _TOUCH_EVERY_S:
+            return
+        self._touched = now
+        try:
+            raw = self._store.load_presence(self.agent)
+            record = orjson.loads(raw) if raw else {}
+            record["last_seen"] = format_ts(time.time_ns() // 1000)
+            self._store.save_presence(self.agent, orjson.dumps(record))
+        except (MailError, ValueError) as exc:  # presence is a hint: never stop mail for it
+            warnings.warn(f"cannot note {self.agent!r} as active: {exc}", RuntimeWarning,
+                          stacklevel=3)  # fmt: skip
+
+    def set_presence(self, state: str, until: str | datetime | None = None) -> None:
+        """Say what my agent is doing: ``idle``, ``working``, ``sleeping`` (until
+        ``until``: an ISO-8601 time, a datetime or ``+DURATION``), ``awaiting_approval``
+        or ``awaiting_delegation``.
+
+        Example:
+            >>> bus.set_presence("sleeping", until="+15m")  # doctest: +SKIP
+        """
+        from ralph_mail import presence
+
+        stamp = presence.parse_until(until)
+        if presence.check_state(state) == "sleeping" and not stamp:
+            raise InvalidMessage("sleeping needs until: a time or +DURATION such as +15m")
+        now = format_ts(time.time_ns() // 1000)
+        self._store.save_presence(self.agent, presence.record(state, stamp, now))
+        self._touched = time.monotonic()
+
+    def agents(self, include_self: bool = False) -> list[AgentInfo]:
+        """The teammates (and me, with ``include_self``) with their presence.
+
+        Example:
+            >>> [(a.name, a.presence) for a in bus.agents()]  # doctest: +SKIP
+            [('lead', 'idle'), ('writer', 'offline')]
+        """
+        from ralph_mail import presence
+
+        return presence.agents(self.refresh_team(), self.agent, include_self)
+
+    # -- conversations --------------------------------------------------------------------
+
+    def reply(
+        self,
+        message: Message,
+        content: str,
+        metadata: Mapping[str, str] | None = None,
+        *,
+        priority: str | None = None,
+        ack: bool = False,
+        visibility: str | None = None,
+    ) -> Message:
+        """Answer ``message`` (any message, not only a request) with a ``reply`` to its
+        sender, in its thread.
+
+        Example:
+            >>> bus.reply(question, "Q4 revenue was $2.4M")  # doctest: +SKIP
+        """
+        return self._send(message.from_agent, MessageType.REPLY, content, metadata,
+                          message.id, None, message.thread, priority, ack, visibility)  # fmt: skip
+
+    def ask(
+        self,
+        to: str,
+        question: str,
+        *,
+        context: str | None = None,
+        timeout: float = 120.0,
+        priority: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> Message:
+        """Send ``to`` a ``request`` and block until its ``reply`` arrives; return the reply.
+
+        Only that reply is consumed (when this process may consume my inbox); every other
+        message stays unread. The request carries the chain of agents it passed through
+        (``RALPH_CHAIN`` of the request being handled, plus me), and is refused before
+        anything is written when it would exceed the team's ``max_depth`` (`DepthLimit`),
+        or when it asks myself. No reply within ``timeout`` seconds: `NoReply`.
+
+        Example:
+            >>> bus.ask("analyst", "Q4 revenue?", context="investor update")  # doctest: +SKIP
+        """
+        if to == self.agent:
+            raise InvalidMessage(f"{to!r} is asking itself: ask a teammate")
+        chain = (*self.chain, self.agent)
+        depth = settings.team_setting("max_depth", dict(self._team.config))
+        if len(chain) > depth:
+            raise DepthLimit(
+                f"maximum agent communication depth ({depth}) reached: delegate instead of "
+                f"asking (chain: {' -> '.join(chain)} -> {to})"
+            )
+        if not isinstance(timeout, (int, float)) or not timeout >= 0:
+            raise InvalidMessage(f"invalid timeout {timeout!r}: give a number of seconds >= 0")
+        extra = dict(check_metadata(metadata))
+        if context is not None:
+            extra["context"] = context
+        start = self._store.size(self.agent)
+        request = self._send(to, MessageType.REQUEST, question, extra, None, None,
+                             priority=priority, chain=chain)  # fmt: skip
+        answer = self._await_reply(request.id, start, timeout)
+        if answer is None:
+            raise NoReply(
+                f"{to} did not answer within {timeout:g} s; ask again, or delegate work "
+                "that takes longer"
+            )
+        return answer
+
+    def _await_reply(self, request_id: str, start: int, timeout: float) -> Message | None:
+        """Read my inbox from ``start`` (without consuming) until the reply to
+        ``request_id`` comes; consume it alone when this process may."""
+        deadline = time.monotonic() + timeout
+        offset = start
+        waiter: Waiter | None = None
+        try:
+            while True:
+                data, offset = self._store.read(self.agent, offset, skip_collected=True)
+                if data:
+                    for message in decode_lines(data.split(b"\n")[:-1])[0]:
+                        if (
+                            isinstance(message, Message)
+                            and message.reply_to == request_id
+                            and message.type == MessageType.REPLY
+                        ):
+                            self._consume_if_mine(message)
+                            return message
+                    offset += len(data)
+                    continue
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                if waiter is None:
+                    waiter = self._store.waiter([self.agent])
+                    continue  # read once more: the reply may have come while it started
+                waiter.wait(min(remaining, WATCH_SAFETY_POLL_S))
+        finally:
+            if waiter is not None:
+                waiter.close()
+
+    def _consume_if_mine(self, message: Message) -> None:
+        # The reply belongs to this ask: consume it when this process consumes my inbox
+        # (or may start to); under another consumer (a runner) it is left to that one,
+        # which starts nothing for a reply.
+        with self._lock:
+            try:
+                for _, pending in self._refresh():
+                    if pending.id == message.id and pending.ts == message.ts:
+                        self.consume(pending)
+                        return
+            except InboxBusy:
+                self._cursor = None
 
     def broadcast(
         self,
@@ -143,6 +415,9 @@ class MessageBus:
         *,
         type: MessageType | str = MessageType.BROADCAST,
         id: str | None = None,
+        priority: str | None = None,
+        ack: bool = False,
+        visibility: str | None = None,
     ) -> Message:
         """Append one message (one id) to every member's inbox but the sender's.
 
@@ -151,6 +426,9 @@ class MessageBus:
         names the inboxes that did and did not receive it.
         """
         envelope = self._envelope(BROADCAST_ADDRESS, type, content, metadata, None, id)
+        _extend(envelope, None, priority, ack, visibility)
+        self._touch()
+        head, tail = encode_parts(envelope, self.max_message_bytes)
         delivered: list[str] = []
         failed: list[str] = []
         reason = ""
@@ -158,9 +436,7 @@ class MessageBus:
             if member == self.agent:
                 continue
             try:
-                envelope["ts"] = self._store.append(member, envelope, self.max_message_bytes)
-            except InvalidMessage:
-                raise  # too big or not encodable: the same for every inbox, so none has it
+                envelope["ts"], _ = self._store.append(member, head, tail)
             except MailError as exc:
                 failed.append(member)
                 reason = str(exc)
@@ -192,7 +468,7 @@ class MessageBus:
             "id": new_id() if id is None else check_id(id),
             "from": self.agent,
             "to": to,
-            "type": check_type(type).value,
+            "type": str(check_type(type)),
             "content": content,
             "metadata": check_metadata(metadata),
             "ts": "",
@@ -205,65 +481,107 @@ class MessageBus:
 
     def _load(self) -> Cursor:
         if self._cursor is None:
+            self._store.claim(self.agent)  # one consumer per inbox: InboxBusy otherwise
             self._cursor = self._store.load_cursor(self.agent)
             self._scanned = self._cursor.floor
-            self._pending = []
+            self._pending = deque()
         return self._cursor
 
-    def _refresh(self, starts: bool = True) -> list[tuple[int, Message]]:
+    def _refresh(self, starts: bool = True) -> deque[tuple[int, Message]]:
         """Read what arrived since the last read into the pending list; return it.
 
         With ``starts=False`` (`poll`, which consumes everything it reads) clean lines get
-        no line offsets: computing them is a third of the cost of a read.
+        no line offsets: computing them is a third of the cost of a read. A call that
+        raises (an interrupt, an I/O error) forgets what it read, so nothing half-read is
+        kept: the next call reads again from the cursor on disk.
         """
-        cursor = self._load()
-        while True:
-            data, offset = self._store.read(self.agent, self._scanned)
-            if not data:
-                return self._pending
-            lines = data.split(b"\n")
-            lines.pop()
-            paused = len(lines) > _GC_PAUSE_LINES and gc.isenabled()
-            if paused:
-                gc.disable()
-            try:
-                messages, clean = decode_lines(lines)
-                if clean and not cursor.acked and not starts:
-                    self._scanned = offset + len(data)
-                    self._pending.extend(zip(repeat(-1), messages))  # type: ignore[arg-type]
-                    continue
-                offsets = list(accumulate([len(line) + 1 for line in lines], initial=offset))
-                self._scanned = offsets.pop()
-                if clean and not cursor.acked:
-                    self._pending.extend(zip(offsets, messages, strict=True))  # type: ignore[arg-type]
-                    continue
-                for start, line, message in zip(offsets, lines, messages, strict=True):
-                    if isinstance(message, Message):
-                        if start not in cursor.acked:
-                            self._pending.append((start, message))
-                    elif line.strip():
-                        self._store.dead_letter(self.agent, start, line, message)
-            finally:
-                if paused:
-                    gc.enable()
+        try:
+            if self._compact_due:
+                self._compact()
+            cursor = self._load()
+            self._touch()
+            while True:
+                data, offset = self._store.read(self.agent, self._scanned)
+                if offset < self._scanned:
+                    cursor = self._restart(offset)
+                if not data:
+                    return self._pending
+                self._take_lines(cursor, data, offset, starts)
+        except BaseException:
+            self._cursor = None
+            raise
 
-    def _save(self, floor: int, pending: list[tuple[int, Message]], acked: int = -1) -> None:
-        # Memory changes only once the cursor is on disk: a failed save consumes nothing.
+    def _restart(self, offset: int) -> Cursor:
+        # The inbox was replaced by a new one (the team re-created, a file put in place):
+        # what was read of the old one stays pending, consumed at the new one's start.
+        self._pending = deque((offset, message) for _, message in self._pending)
+        self._cursor = Cursor(offset)
+        self._scanned = offset
+        return self._cursor
+
+    def _take_lines(self, cursor: Cursor, data: bytes, offset: int, starts: bool) -> None:
+        lines = data.split(b"\n")
+        lines.pop()
+        paused = len(lines) > _GC_PAUSE_LINES and gc.isenabled()
+        if paused:
+            gc.disable()
+        try:
+            messages, clean = decode_lines(lines)
+            if clean and not cursor.acked and not starts:
+                self._pending.extend(zip(repeat(-1), messages))  # type: ignore[arg-type]
+                self._scanned = offset + len(data)
+                return
+            offsets = list(accumulate([len(line) + 1 for line in lines], initial=offset))
+            scanned = offsets.pop()
+            if clean and not cursor.acked:
+                self._pending.extend(zip(offsets, messages, strict=True))  # type: ignore[arg-type]
+                self._scanned = scanned
+                return
+            for start, line, message in zip(offsets, lines, messages, strict=True):
+                if isinstance(message, Message):
+                    if start not in cursor.acked:
+                        self._pending.append((start, message))
+                elif line.strip():
+                    self._set_aside(start, line, message)
+            self._scanned = scanned
+        finally:
+            if paused:
+                gc.enable()
+
+    def _set_aside(self, start: int, line: bytes, reason: str) -> None:
+        try:
+            self._store.dead_letter(self.agent, start, line, reason)
+        except MailError as exc:
+            # The line stays in the inbox, where it is (it is skipped, not lost); a full disk
+            # must not stop the good lines behind it.
+            warnings.warn(
+                f"{exc}; skipping the bad line at offset {start}", RuntimeWarning, stacklevel=5
+            )
+
+    def _save(self, floor: int, acked: int = -1) -> None:
+        # The caller changes memory only once the cursor is on disk: a failed save
+        # consumes nothing.
         cursor = self._load()
         marks = cursor.acked | {acked} if acked >= 0 else cursor.acked
         saved = Cursor(floor, {start for start in marks if start >= floor})
         self._store.save_cursor(self.agent, saved)
-        self._cursor, self._pending = saved, pending
+        self._cursor = saved
         if self._gc_auto and self._store.collectable(self.agent, floor) >= self._gc_auto:
-            self._compact()
+            # Not now: a compaction interrupted here would make a call that has consumed
+            # raise. The next read runs it, before it reads anything.
+            self._compact_due = True
 
     def _compact(self) -> None:
-        # Only an optimisation: when it fails (no room for the copy) the inbox stays as it was.
+        # Only an optimisation: when it fails (no room for the copy, a sender holding the
+        # lock) the inbox stays as it was.
+        self._compact_due = False
         try:
             self._store.compact(self.agent)
-        except (MailError, OSError) as exc:
+        except LockTimeout:
+            pass
+        except MailError as exc:
             message = f"could not compact the inbox of {self.agent!r}: {exc}"
-            warnings.warn(message, RuntimeWarning, stacklevel=4)
+            warnings.warn(message, RuntimeWarning, stacklevel=5)
 
     def peek(self) -> list[Message]:
         """The unconsumed messages of my inbox, oldest first, without consuming them.
@@ -273,35 +591,50 @@ class MessageBus:
         return [message for _, message in self._refresh()]
 
     def poll(self) -> list[Message]:
-        """Consume and return the unconsumed messages of my inbox, oldest first."""
+        """Consume and return the unconsumed messages of my inbox, oldest first.
+
+        A poll that raises consumes nothing.
+        """
         messages = [message for _, message in self._refresh(starts=False)]
         if messages or self._scanned != self._load().floor:
             try:
-                self._save(self._scanned, [])
+                self._save(self._scanned)
             except BaseException:
                 self._cursor = None  # re-read from the cursor on disk: nothing was consumed
                 raise
+            self._pending.clear()
         return messages
 
     def commit(self, message: Message) -> None:
         """Consume every message up to and including ``message`` (one `peek` returned).
 
         A process that crashes between `peek` and `commit` gets the messages again.
+        Committing the messages of a peek one by one, in order, costs O(1) each.
         """
         index = _find(self._pending, message)
-        rest = self._pending[index + 1 :]
-        self._save(self._next_floor(rest), rest)
+        following = index + 1
+        self._save(self._pending[following][0] if following < len(self._pending) else self._scanned)
+        for _ in range(following):
+            self._pending.popleft()
 
-    def _next_floor(self, pending: list[tuple[int, Message]]) -> int:
-        # The first unconsumed line; with none, past everything read (set-aside lines too).
-        return pending[0][0] if pending else self._scanned
+    def consume(self, message: Message) -> None:
+        """Consume ``message`` alone (one `peek` or ``wait_for_message(consume=False)``
+        returned); the messages before and after it stay unread."""
+        index = _find(self._pending, message)
+        start = self._pending[index][0]
+        if index:
+            floor = self._pending[0][0]
+        else:
+            floor = self._pending[1][0] if len(self._pending) > 1 else self._scanned
+        self._save(floor, start)
+        del self._pending[index]
 
-    def _take(self, type: MessageType) -> Message | None:
-        """Consume the first unconsumed message of ``type`` only; the others stay unread."""
-        for index, (start, message) in enumerate(self._refresh()):
+    def _first(self, type: MessageType | str, consume: bool) -> Message | None:
+        """The first unconsumed message of ``type`` (consumed alone with ``consume``)."""
+        for _, message in self._refresh():
             if message.type == type:
-                rest = self._pending[:index] + self._pending[index + 1 :]
-                self._save(self._next_floor(rest), rest, start)
+                if consume:
+                    self.consume(message)
                 return message
         return None
 
@@ -333,17 +666,20 @@ class MessageBus:
         timeout: float | None = None,
         *,
         stop: StopEvent | None = None,
+        consume: bool = True,
     ) -> Message | None:
         """Consume and return the first message of ``type``, blocking until one arrives.
 
         Only that message is consumed: messages of other types stay unread for the next
         `poll` or `wait_for_messages`, in memory and on disk. None after ``timeout``.
+        With ``consume=False`` nothing is consumed: pass the message to `consume` once
+        it is handled (printed, acted on).
 
         Example:
             >>> bus.wait_for_message(MessageType.PLAN_APPROVAL, timeout=60.0)  # doctest: +SKIP
         """
         kind = check_type(type)
-        return self._wait(lambda: self._take(kind), timeout, stop)
+        return self._wait(lambda: self._first(kind, consume), timeout, stop)
 
     def _wait(self, attempt: Callable[[], _T], timeout: float | None, stop: StopEvent | None) -> _T:
         found = attempt()
@@ -362,11 +698,9 @@ class MessageBus:
                     return found
             watcher.wait(remaining, stop)
 
-    def _watch(self) -> Watcher:
+    def _watch(self) -> Waiter:
         if self._watcher is None:
-            from ralph_mail.watch import Watcher
-
-            self._watcher = Watcher(self._store.mailbox)
+            self._watcher = self._store.waiter([self.agent])
         return self._watcher
 
     # -- lifetime -----------------------------------------------------------------------
@@ -376,6 +710,7 @@ class MessageBus:
         if self._watcher is not None:
             self._watcher.close()
             self._watcher = None
+        self._cursor = None  # the next read claims the inbox again and starts from disk
         self._store.close()
 
     def __enter__(self) -> MessageBus:
@@ -394,7 +729,43 @@ class MessageBus:
         return f"MessageBus(team={team!r}, agent={self.agent!r}, home={home!r})"
 
 
-def _find(entries: list[tuple[int, Message]], message: Message) -> int:
+#: How often one bus notes its agent as active (s); see ralph_mail.presence.
+_TOUCH_EVERY_S = 1.0
+
+#: Types that start a thread of their own, indexed under their id for `thread`.
+_THREAD_STARTERS = frozenset({MessageType.REQUEST, MessageType.TASK_ASSIGNMENT})
+
+
+def _pair_key(a: str, b: str) -> str:
+    return "pair+" + "+".join(sorted((a, b)))
+
+
+def _extend(
+    envelope: dict[str, object],
+    thread: str | None,
+    priority: str | None,
+    ack: bool,
+    visibility: str | None,
+    chain: tuple[str, ...] = (),
+) -> None:
+    """Add the optional envelope keys that differ from their defaults, before ``ts``."""
+    del envelope["ts"]
+    if thread is not None and check_id(thread, "thread") != envelope["id"]:
+        envelope["thread"] = thread
+    if priority is not None and check_priority(priority) != "normal":
+        envelope["priority"] = priority
+    if ack is True:
+        envelope["ack"] = True
+    elif ack is not False:
+        raise InvalidMessage(f"invalid ack {ack!r}: pass True or False")
+    if visibility is not None and check_visibility(visibility) != "internal":
+        envelope["visibility"] = visibility
+    if chain:
+        envelope["chain"] = list(chain)
+    envelope["ts"] = ""
+
+
+def _find(entries: deque[tuple[int, Message]], message: Message) -> int:
     for index, (_, pending) in enumerate(entries):
         if pending is message:
             return index

@@ -41,6 +41,14 @@ class StoreError(MailError, OSError):
         self.path = Path(path) if path is not None else None
 
 
+class InboxBusy(MailError):
+    """Another process consumes this inbox (one consumer per inbox); `pid` names it."""
+
+    def __init__(self, message: str, pid: int | None = None) -> None:
+        super().__init__(message)
+        self.pid = pid
+
+
 class BroadcastError(MailError):
     """A broadcast reached some inboxes but not all; both lists are attributes."""
 
@@ -63,3 +71,31 @@ class LockTimeout(MailError, TimeoutError):
     def __init__(self, message: str, path: Path | str | None = None) -> None:
         super().__init__(message)
         self.path = Path(path) if path is not None else None
+
+
+class NoReply(MailError, TimeoutError):
+    """An `ask` got no reply in time."""
+
+
+class RefusedByRules(MailError):
+    """Refused by the team's rules before anything was written (exit 4)."""
+
+
+class AgentOffline(RefusedByRules):
+    """The target of an ask or a delegation is offline."""
+
+
+class DepthLimit(RefusedByRules):
+    """A request would pass through more agents than the team's ``max_depth``."""
+
+
+class LoopGuard(RefusedByRules):
+    """A thread carried too many internal messages in a row."""
+
+
+class PermissionDenied(RefusedByRules, PermissionError):
+    """The team's policy refuses this contact."""
+
+
+class RateLimited(RefusedByRules):
+    """The sender went over its messages per minute."""

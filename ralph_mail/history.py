@@ -1,7 +1,8 @@
 """Reading inboxes without consuming them: the last N messages, and following new ones.
 
-This is what ``ralph-mail tail`` shows. It never moves a cursor, so anyone in the team
-can look at any inbox (the trust boundary is the Unix user, not the agent name).
+This is what ``ralph-mail tail`` and ``read --peek`` show. It never moves a cursor nor
+claims an inbox, so anyone in the team can look at any inbox while its owner consumes it
+(the trust boundary is the Unix user, not the agent name).
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ from collections.abc import Iterator, Sequence
 
 from ralph_mail.message import BROADCAST_ADDRESS, Message, decode_lines
 from ralph_mail.settings import WATCH_SAFETY_POLL_S
-from ralph_mail.store import FileStore
+from ralph_mail.store.watch import StopEvent
 from ralph_mail.team import load_team
-from ralph_mail.watch import StopEvent
 
 
 class History:
@@ -28,13 +28,18 @@ class History:
     """
 
     def __init__(
-        self, team: str, agents: Sequence[str], home: str | os.PathLike[str] | None = None
+        self,
+        team: str,
+        agents: Sequence[str],
+        home: str | os.PathLike[str] | None = None,
+        *,
+        backend: str | None = None,
     ) -> None:
-        roster = load_team(team, home)
+        roster = load_team(team, home, backend=backend)
         for agent in agents:
             roster.member(agent)
         self.agents = list(agents)
-        self._store = FileStore(roster.root)
+        self._store = roster.store
         self._offsets: dict[str, int] = {}
         #: Bytes of each inbox that gc collected before this view could show them: a view
         #: that falls behind the owner by more than one compaction skips what is gone.
@@ -73,11 +78,27 @@ class History:
         merged.sort(key=lambda message: message.ts)
         return merged
 
+    def unread(self, agent: str) -> list[Message]:
+        """What ``agent`` has not consumed yet, oldest first, without consuming it or
+        claiming the inbox (``ralph-mail read --peek``)."""
+        cursor = self._store.load_cursor(agent)
+        offset, messages = cursor.floor, list[Message]()
+        while True:
+            data, offset = self._store.read(agent, offset, skip_collected=True)
+            if not data:
+                return messages
+            start = offset
+            for line, message in zip(
+                data.split(b"\n")[:-1], decode_lines(data.split(b"\n")[:-1])[0], strict=True
+            ):
+                if isinstance(message, Message) and start not in cursor.acked:
+                    messages.append(message)
+                start += len(line) + 1
+            offset += len(data)
+
     def follow(self, stop: StopEvent | None = None) -> Iterator[list[Message]]:
         """Yield each batch of new messages as it arrives, until ``stop`` is set."""
-        from ralph_mail.watch import Watcher
-
-        watcher = Watcher(self._store.mailbox)
+        watcher = self._store.waiter(self.agents)
         try:
             while stop is None or not stop.is_set():
                 batch = self.new()

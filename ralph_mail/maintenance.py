@@ -17,65 +17,16 @@ Example:
 from __future__ import annotations
 
 import os
-import stat
-import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Literal
 
 from ralph_mail import settings
 from ralph_mail.errors import MailError
-from ralph_mail.store import Compaction, FileStore, pid_alive, team_names, teams_dir
-from ralph_mail.team import Team, load_team
+from ralph_mail.store import Compaction, FileStore
+from ralph_mail.store.doctor import Finding, check_home, check_leftovers, check_team
+from ralph_mail.team import list_teams, load_team
 
-Level = Literal["ok", "warn", "fail"]
-
-#: Where the mount table is read (a module attribute so tests can point it elsewhere).
-MOUNTINFO = Path("/proc/self/mountinfo")
-#: Where flock holders are listed.
-PROC_LOCKS = Path("/proc/locks")
-#: Where the inotify limits live.
-INOTIFY_SYSCTL = Path("/proc/sys/fs/inotify")
-
-#: File systems where flock or inotify do not hold across machines or a user-space layer:
-#: a lock may not exclude a writer on another client, and appends made elsewhere raise no
-#: event. The mailbox refuses them.
-UNSAFE_FILE_SYSTEMS: Final = frozenset(
-    {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "afs", "lustre", "glusterfs", "fuse"}
-)
-#: Local file systems with per-inode write serialisation and inotify (others get a warning).
-LOCAL_FILE_SYSTEMS: Final = frozenset(
-    {"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay", "zfs", "f2fs", "bcachefs"}
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """One result of a doctor check.
-
-    Attributes:
-        level: ``"ok"``, ``"warn"`` (works, but look at it) or ``"fail"`` (a guarantee
-            does not hold).
-        check: what was checked: filesystem, inotify, permissions, team, inbox, cursor,
-            deadletters, lock, temp.
-        message: what was found and, when it is not ok, how to fix it.
-        path: the file or directory concerned, if any.
-    """
-
-    level: Level
-    check: str
-    message: str
-    path: Path | None = None
-
-    def to_dict(self) -> dict[str, str | None]:
-        """The finding as a JSON-ready dict."""
-        return {
-            "level": self.level,
-            "check": self.check,
-            "message": self.message,
-            "path": str(self.path) if self.path is not None else None,
-        }
+__all__ = ["Collection", "Finding", "Report", "collect", "doctor"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,17 +91,23 @@ def collect(
         5120
     """
     roster = load_team(team, home)
-    store = FileStore(roster.root)
+    store = roster.store
+    removed: list[Path] = []
+    if not isinstance(store, FileStore):  # a backend of its own keeps its own house
+        compactions = tuple(store.compact(agent, min_bytes) for agent in roster.names)
+        return Collection(roster.name, compactions, ())
     try:
         with store.maintenance_lock(timeout):
-            removed: list[Path] = []
             for path in store.stale_temp_files():
                 try:
                     path.unlink()
                 except FileNotFoundError:
                     continue
                 removed.append(path)
-            compactions = tuple(store.compact(agent, min_bytes) for agent in roster.names)
+            compactions = tuple(
+                store.compact(agent, min_bytes, timeout=settings.GC_INBOX_LOCK_WAIT_S)
+                for agent in roster.names
+            )
     finally:
         store.close()
     return Collection(roster.name, compactions, tuple(removed))
@@ -174,366 +131,24 @@ def doctor(
         True
     """
     root = settings.home(home)
-    findings: list[Finding] = []
-    findings.append(_file_system(root))
-    findings.extend(_inotify(root))
+    findings = check_home(root)
     if not root.exists():
         findings.append(Finding("warn", "team", f"{root} does not exist yet: no teams", root))
         return Report(root, tuple(findings))
-    findings.extend(_permissions(root))
-    names = [team] if team is not None else team_names(root)
+    try:
+        names = [team] if team is not None else [t.name for t in list_teams(root)]
+    except MailError as exc:
+        findings.append(Finding("fail", "team", str(exc), root / "teams"))
+        return Report(root, tuple(findings))
     if not names:
         findings.append(Finding("ok", "team", f"no teams in {root}"))
     for name in names:
         try:
             roster = load_team(name, root)
         except MailError as exc:
-            findings.append(Finding("fail", "team", str(exc), teams_dir(root) / name))
+            findings.append(Finding("fail", "team", str(exc), root / "teams" / name))
             continue
-        findings.extend(_team(roster, lock_wait))
-    findings.extend(_staging(root))
+        if isinstance(roster.store, FileStore):
+            findings.extend(check_team(roster.store, roster.names, lock_wait))
+    findings.extend(check_leftovers(root))
     return Report(root, tuple(findings))
-
-
-# -- the checks ------------------------------------------------------------------------------
-
-
-def mount_of(path: Path) -> tuple[str, str]:
-    """The mount point and file system type that hold ``path`` (it need not exist yet)."""
-    probe = path.absolute()
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    target = os.path.realpath(probe)
-    best = ("/", "unknown")
-    for line in MOUNTINFO.read_text().splitlines():
-        fields = line.split()
-        if "-" not in fields:
-            continue
-        point = fields[4].replace("\\040", " ")
-        fstype = fields[fields.index("-") + 1]
-        inside = target == point or target.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= len(best[0]):
-            best = (point, fstype)
-    return best
-
-
-def _file_system(root: Path) -> Finding:
-    try:
-        point, fstype = mount_of(root)
-    except OSError as exc:
-        return Finding("warn", "filesystem", f"cannot read {MOUNTINFO}: {exc.strerror}")
-    family = fstype.split(".", 1)[0]
-    where = f"{root} is on {fstype} (mounted at {point})"
-    if family in UNSAFE_FILE_SYSTEMS or fstype.startswith("fuse"):
-        return Finding(
-            "fail",
-            "filesystem",
-            f"{where}: flock and inotify are unreliable there (a lock may not exclude another "
-            "client, remote appends raise no event); put RALPH_HOME on a local disk",
-            root,
-        )
-    if fstype not in LOCAL_FILE_SYSTEMS:
-        return Finding(
-            "warn",
-            "filesystem",
-            f"{where}: not a file system the mailbox was tested on (ext4, xfs, btrfs, tmpfs); "
-            "prefer a local disk",
-            root,
-        )
-    return Finding("ok", "filesystem", f"{where}: local, with flock and inotify")
-
-
-def _read_int(path: Path) -> int | None:
-    try:
-        return int(path.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _inotify(root: Path) -> list[Finding]:
-    findings = []
-    watches = _read_int(INOTIFY_SYSCTL / "max_user_watches")
-    instances = _read_int(INOTIFY_SYSCTL / "max_user_instances")
-    if watches is None or instances is None:
-        findings.append(
-            Finding("warn", "inotify", "no inotify limits found: waits will poll every 10 ms")
-        )
-    else:
-        text = f"inotify limits: max_user_watches={watches}, max_user_instances={instances}"
-        low = watches < settings.INOTIFY_MIN_WATCHES or instances < settings.INOTIFY_MIN_INSTANCES
-        if low:
-            findings.append(
-                Finding(
-                    "warn",
-                    "inotify",
-                    f"{text}: low for a team (one instance per waiting agent); raise them with "
-                    "sysctl fs.inotify.max_user_watches=65536 fs.inotify.max_user_instances=512",
-                )
-            )
-        else:
-            findings.append(Finding("ok", "inotify", text))
-    forced = os.environ.get("WATCHFILES_FORCE_POLLING", "")
-    if forced and forced.lower() not in {"false", "disable", "disabled", "0"}:
-        findings.append(
-            Finding(
-                "warn",
-                "inotify",
-                "WATCHFILES_FORCE_POLLING is set: waits poll every "
-                f"{settings.WATCH_POLL_DELAY_MS} ms instead of waking on file events; unset it",
-            )
-        )
-    elif not watcher_works(_existing(root)):
-        findings.append(
-            Finding(
-                "warn",
-                "inotify",
-                "file events are unavailable here (an inotify limit is reached, or the file "
-                f"system has none): waits poll every {settings.WATCH_POLL_DELAY_MS} ms; raise "
-                "fs.inotify.max_user_watches and max_user_instances",
-            )
-        )
-    return findings
-
-
-def _existing(path: Path) -> Path:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
-def _permissions(root: Path) -> list[Finding]:
-    """Every directory 0700 and file 0600, owned by this user, and no symlink, in the home."""
-    uid = os.geteuid()
-    bad: list[Finding] = []
-    stack = [root]
-    count = 0
-    while stack:
-        path = stack.pop()
-        try:
-            info = path.lstat()
-        except FileNotFoundError:
-            continue  # removed while we walked (a team deleted, a temp file renamed)
-        count += 1
-        if stat.S_ISLNK(info.st_mode):
-            bad.append(
-                Finding(
-                    "fail",
-                    "permissions",
-                    f"{path} is a symlink: the mailbox never follows one; remove it",
-                    path,
-                )
-            )
-            continue
-        if info.st_uid != uid:
-            bad.append(
-                Finding(
-                    "fail",
-                    "permissions",
-                    f"{path} belongs to uid {info.st_uid}, not to this user ({uid}): "
-                    f"chown it, or run as its owner",
-                    path,
-                )
-            )
-        is_dir = stat.S_ISDIR(info.st_mode)
-        want = settings.DIR_MODE if is_dir else settings.FILE_MODE
-        if info.st_mode & 0o077:
-            bad.append(
-                Finding(
-                    "fail",
-                    "permissions",
-                    f"{path} is mode {stat.S_IMODE(info.st_mode):04o}: other users can reach "
-                    f"the mail; chmod {want:o} {path}",
-                    path,
-                )
-            )
-        if is_dir:
-            try:
-                stack.extend(path / name for name in os.listdir(path))
-            except OSError as exc:
-                bad.append(Finding("fail", "permissions", f"cannot list {path}: {exc}", path))
-    if bad:
-        return bad
-    return [Finding("ok", "permissions", f"{count} entries under {root}: private (0700/0600)")]
-
-
-def _team(roster: Team, lock_wait: float) -> list[Finding]:
-    findings: list[Finding] = []
-    store = FileStore(roster.root)
-    try:
-        mailbox = roster.root / "mailbox"
-        expected = {f"{name}.jsonl" for name in roster.names}
-        try:
-            present = set(os.listdir(mailbox))
-        except OSError as exc:
-            return [Finding("fail", "team", f"cannot list {mailbox}: {exc}", mailbox)]
-        for extra in sorted(present - expected):
-            findings.append(
-                Finding(
-                    "warn",
-                    "team",
-                    f"{mailbox / extra} is not the inbox of a member of {roster.name!r}: "
-                    "mailbox/ holds inboxes alone; move it out",
-                    mailbox / extra,
-                )
-            )
-        for agent in roster.names:
-            findings.extend(_inbox(store, roster, agent, lock_wait))
-        for path in store.stale_temp_files():
-            findings.append(
-                Finding(
-                    "warn",
-                    "temp",
-                    f"{path} was left by a killed gc or cursor rewrite: "
-                    f"'ralph-mail gc --team {roster.name}' removes it",
-                    path,
-                )
-            )
-    finally:
-        store.close()
-    return findings
-
-
-def _inbox(store: FileStore, roster: Team, agent: str, lock_wait: float) -> list[Finding]:
-    where = f"{roster.name}/{agent}"
-    path = store.inbox_path(agent)
-    try:
-        state = store.inbox_state(agent)
-        deadline = time.monotonic() + lock_wait
-        while state.locked and time.monotonic() < deadline:
-            time.sleep(0.05)  # a send holds the lock for microseconds; wait out a busy moment
-            state = store.inbox_state(agent)
-    except FileNotFoundError:
-        return [
-            Finding(
-                "fail",
-                "inbox",
-                f"inbox {path} of member {where} is missing: sends to it fail; recreate it "
-                f"empty (install -m 600 /dev/null {path})",
-                path,
-            )
-        ]
-    except (MailError, OSError) as exc:
-        return [Finding("fail", "inbox", f"inbox of {where}: {exc}", path)]
-    findings = []
-    if state.locked:
-        holders = ", ".join(str(pid) for pid in lock_holders(path)) or "unknown"
-        findings.append(
-            Finding(
-                "warn",
-                "lock",
-                f"inbox {where} has been locked for over {lock_wait:g} s (holder pid {holders}): "
-                "a stopped or hung sender; senders to it wait until it dies or resumes",
-                path,
-            )
-        )
-    if state.torn:
-        findings.append(
-            Finding(
-                "warn",
-                "inbox",
-                f"inbox {where} ends in a torn line (a sender was killed mid-write); it is "
-                "never delivered, and the next send or gc sets it aside as a dead letter",
-                path,
-            )
-        )
-    try:
-        cursor = store.load_cursor(agent)
-    except MailError as exc:
-        findings.append(Finding("fail", "cursor", str(exc), store.cursor_path(agent)))
-        cursor = None
-    end = state.base + state.size
-    if cursor is not None and cursor.floor > end:
-        findings.append(
-            Finding(
-                "fail",
-                "cursor",
-                f"cursor of {where} ({cursor.floor}) is past the end of its inbox ({end}): "
-                f"new mail would be skipped; delete {store.cursor_path(agent)} to re-read",
-                store.cursor_path(agent),
-            )
-        )
-    elif cursor is not None:
-        unread = end - cursor.floor
-        consumed = cursor.floor - state.base
-        findings.append(
-            Finding(
-                "ok",
-                "inbox",
-                f"inbox {where}: {state.size} bytes, {unread} unread, {consumed} consumed "
-                "(gc drops the consumed part)",
-                path,
-            )
-        )
-    letters = store.dead_letters(agent)
-    if letters:
-        reasons = sorted({str(letter.get("reason", "?")) for letter in letters})
-        findings.append(
-            Finding(
-                "warn",
-                "deadletters",
-                f"{len(letters)} dead letter(s) for {where} ({'; '.join(reasons)[:200]}): "
-                f"read them in {store.deadletter_path(agent)}, then delete the file",
-                store.deadletter_path(agent),
-            )
-        )
-    return findings
-
-
-_ACTIONS = {"new": "create", "deleted": "delete"}
-
-
-def _staging(root: Path) -> list[Finding]:
-    """Half-made or half-deleted team directories left by killed processes."""
-    findings = []
-    try:
-        entries = os.listdir(teams_dir(root))
-    except OSError:
-        return []
-    for name in sorted(entries):
-        parts = name.split(".")
-        if not name.startswith(".") or len(parts) < 4 or parts[-1] not in ("new", "deleted"):
-            continue
-        pid = parts[-3]
-        if pid.isdigit() and pid_alive(int(pid)):
-            continue
-        path = teams_dir(root) / name
-        findings.append(
-            Finding(
-                "warn",
-                "temp",
-                f"{path} was left by a killed team {_ACTIONS[parts[-1]]}: remove it (rm -r {path})",
-                path,
-            )
-        )
-    return findings
-
-
-def lock_holders(path: Path) -> list[int]:
-    """The pids that hold a flock on ``path``, from /proc/locks (empty when unknown)."""
-    try:
-        info = path.stat()
-        table = PROC_LOCKS.read_text()
-    except OSError:
-        return []
-    key = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
-    pids = []
-    for line in table.splitlines():
-        fields = line.split()
-        if "->" in fields:  # a waiter, not a holder
-            continue
-        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == key:
-            pids.append(int(fields[4]))
-    return sorted(set(pids))
-
-
-def watcher_works(directory: Path) -> bool:
-    """Whether a wait on ``directory`` would wake on file events (not fall back to polling)."""
-    from ralph_mail.watch import Watcher
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        watcher = Watcher(directory)
-    try:
-        return not watcher.polling
-    finally:
-        watcher.close()

@@ -2,7 +2,9 @@
 
 One message is one line of UTF-8 JSON ending in ``\\n``. The key order on the wire
 is fixed (``id, from, to, type, content, metadata, ts[, reply_to]``) so a message
-re-encoded by `encode` is byte for byte the line that was written.
+re-encoded by `encode` is byte for byte the line that was written. Keys added since
+(``thread, priority, ack, visibility, chain``) stand between ``metadata`` and ``ts``
+and are omitted at their defaults, so a first-release line is unchanged.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -36,9 +38,31 @@ class MessageType(StrEnum):
     PLAN_APPROVAL = "plan_approval"
     TASK_ASSIGNMENT = "task_assignment"
     BROADCAST = "broadcast"
+    REQUEST = "request"
+    REPLY = "reply"
+    TASK_RESULT = "task_result"
+    ACK = "ack"
+    MENTION = "mention"
+    APPROVAL_REQUEST = "approval_request"
+    APPROVAL_RESPONSE = "approval_response"
 
 
 _TYPES: dict[str, MessageType] = {member.value: member for member in MessageType}
+#: Any type name beyond the enum: carried as a plain str, so a pair of agents can speak
+#: its own kinds and a reader never sets aside a line for a type it does not know.
+_TYPE_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+
+class _Types(dict[str, "MessageType | str"]):
+    """Wire name -> `MessageType`, and any other valid type name -> itself (a str)."""
+
+    def __missing__(self, key: str) -> str:
+        if key.__class__ is str and _TYPE_NAME.fullmatch(key):
+            return key
+        raise KeyError(key)
+
+
+_KINDS = _Types(_TYPES)
 
 
 @dataclass(frozen=True)
@@ -53,11 +77,18 @@ class Message:
         id: 12 lowercase hex characters; a broadcast has one id in every inbox.
         from_agent: the sender (``from`` on the wire).
         to_agent: the recipient, or ``"*"`` for a broadcast (``to`` on the wire).
-        type: a `MessageType`.
+        type: a `MessageType`, or the type's name as a plain ``str`` for a type beyond
+            the enum (``"blocker"``); ``str(message.type)`` is the wire name either way.
         content: human-readable text.
         metadata: structured data, string to string; ``{}`` when empty.
         ts: UTC ISO-8601 with microseconds and ``Z``, taken under the inbox lock.
         reply_to: the id of the message this one answers, or None.
+        priority: ``"low"``, ``"normal"`` (omitted on the wire), ``"high"`` or ``"urgent"``.
+        ack: whether the sender asked for an acknowledgement (omitted when false).
+        visibility: ``"internal"`` (omitted), ``"user_visible"`` or ``"user_redacted"``.
+        chain: the agents a request passed through, oldest first (omitted when empty).
+        thread: the id of the conversation's first message: this message's own id
+            unless the wire says otherwise (not a constructor argument).
 
     Example:
         >>> m = decode(b'{"id":"0123456789ab","from":"w1","to":"lead","type":"text",'
@@ -69,14 +100,26 @@ class Message:
     id: str
     from_agent: str
     to_agent: str
-    type: MessageType
+    type: MessageType | str
     content: str
     metadata: Mapping[str, str] = field(default_factory=dict)
     ts: str = ""
     reply_to: str | None = None
+    # Keys added after the first release: omitted on the wire at their defaults, and
+    # absent from a decoded message's __dict__ then, so the class attribute answers.
+    priority: str = "normal"
+    ack: bool = False
+    visibility: str = "internal"
+    chain: Sequence[str] = ()
 
     def __hash__(self) -> int:
         return hash((self.id, self.to_agent, self.ts))
+
+    @property
+    def thread(self) -> str:
+        """The id of the conversation's first message: the wire's ``thread``, else my id."""
+        thread: str | None = self.__dict__.get("thread")
+        return thread or self.id
 
     def to_dict(self) -> dict[str, Any]:
         """The wire envelope as a dict, keys in wire order."""
@@ -84,14 +127,31 @@ class Message:
             "id": self.id,
             "from": self.from_agent,
             "to": self.to_agent,
-            "type": self.type.value,
+            "type": str(self.type),
             "content": self.content,
             "metadata": self.metadata,
-            "ts": self.ts,
         }
+        thread = self.__dict__.get("thread")
+        if thread is not None and thread != self.id:
+            envelope["thread"] = thread
+        if self.priority != "normal":
+            envelope["priority"] = self.priority
+        if self.ack:
+            envelope["ack"] = True
+        if self.visibility != "internal":
+            envelope["visibility"] = self.visibility
+        if self.chain:
+            envelope["chain"] = list(self.chain)
+        envelope["ts"] = self.ts
         if self.reply_to is not None:
             envelope["reply_to"] = self.reply_to
         return envelope
+
+
+#: The envelope keys beyond the first release's, and the values each may take.
+PRIORITIES = ("low", "normal", "high", "urgent")
+VISIBILITIES = ("internal", "user_visible", "user_redacted")
+_OPTIONAL = ("thread", "priority", "ack", "visibility", "chain")
 
 
 def check_name(name: object, what: str = "name") -> str:
@@ -137,14 +197,46 @@ def check_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
     return checked
 
 
-def check_type(value: object) -> MessageType:
-    """Return the `MessageType` named by ``value`` (a member or its wire name)."""
+def check_type(value: object) -> MessageType | str:
+    """Return the `MessageType` named by ``value`` (a member or its wire name), or the
+    name itself for any other valid type name (``^[a-z][a-z0-9_]{0,63}$``).
+
+    >>> check_type("text"), check_type("blocker")
+    (<MessageType.TEXT: 'text'>, 'blocker')
+    """
     if isinstance(value, MessageType):
         return value
-    found = _TYPES.get(value) if isinstance(value, str) else None
-    if found is None:
-        raise InvalidMessage(f"unknown message type {value!r}: use one of {', '.join(_TYPES)}")
-    return found
+    try:
+        return _KINDS[value] if isinstance(value, str) else _KINDS[""]
+    except KeyError:
+        raise InvalidMessage(
+            f"invalid message type {value!r}: use a lowercase name matching "
+            f"[a-z][a-z0-9_]{{0,63}}, e.g. one of {', '.join(_TYPES)}"
+        ) from None
+
+
+def check_priority(value: object) -> str:
+    """Return ``value`` if it is a priority (``low``, ``normal``, ``high``, ``urgent``)."""
+    if value not in PRIORITIES:
+        raise InvalidMessage(f"invalid priority {value!r}: use one of {', '.join(PRIORITIES)}")
+    return str(value)
+
+
+def check_visibility(value: object) -> str:
+    """Return ``value`` if it is a visibility (``internal``, ``user_visible``,
+    ``user_redacted``)."""
+    if value not in VISIBILITIES:
+        raise InvalidMessage(f"invalid visibility {value!r}: use one of {', '.join(VISIBILITIES)}")
+    return str(value)
+
+
+def check_chain(value: object) -> tuple[str, ...]:
+    """Return ``value`` as a chain of agent names (a sequence, or a comma-separated str)."""
+    if isinstance(value, str):
+        value = [part for part in value.split(",") if part]
+    if not isinstance(value, (list, tuple)):
+        raise InvalidMessage(f"invalid chain {value!r}: give agent names, oldest first")
+    return tuple(check_name(name, "agent name in the chain") for name in value)
 
 
 def new_id() -> str:
@@ -178,6 +270,43 @@ def encode(message: Message) -> bytes:
         raise InvalidMessage(f"message {message.id} cannot be encoded: {exc}") from None
 
 
+#: A wire ts is this wide; it stands for the ts while a line is encoded outside the lock.
+TS_PLACEHOLDER = "0000-00-00T00:00:00.000000Z"
+_TS_VALUE = re.compile(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
+
+
+def encode_parts(envelope: dict[str, Any], max_bytes: int) -> tuple[bytes, bytes]:
+    """The wire line for ``envelope`` split around its ts value: ``head + ts + tail``.
+
+    A sender encodes outside the inbox lock, and under it only takes the ts and writes
+    the line. Refuses a line over ``max_bytes`` or one that is not UTF-8 JSON.
+    """
+    envelope["ts"] = TS_PLACEHOLDER
+    try:
+        line = orjson.dumps(envelope, option=orjson.OPT_APPEND_NEWLINE)
+    except TypeError as exc:
+        raise InvalidMessage(f"message cannot be encoded as UTF-8 JSON: {exc}") from None
+    if len(line) > max_bytes:
+        raise InvalidMessage(
+            f"message of {len(line)} bytes is over the {max_bytes}-byte limit: "
+            "send a shorter body or raise RALPH_MAX_MESSAGE_BYTES"
+        )
+    # ts is the last key but for reply_to (12 hex digits), and a quote inside a string
+    # value is escaped, so the last '"ts":"' is the envelope's own.
+    cut = line.rfind(b'"ts":"') + 6
+    return line[:cut], line[cut + len(TS_PLACEHOLDER) :]
+
+
+def last_ts(data: bytes) -> str | None:
+    """The ts of the last line in ``data`` (None when it has none).
+
+    Runs under the inbox lock on every contended send, so it is an rfind, not a parse.
+    """
+    start = data.rfind(b'"ts":"') + 6
+    stamp = data[start : start + len(TS_PLACEHOLDER)]
+    return stamp.decode() if start > 5 and _TS_VALUE.fullmatch(stamp) else None
+
+
 _FIELDS = ("id", "from_agent", "to_agent", "type", "content", "metadata", "ts", "reply_to")
 _new = object.__new__
 _adopt = object.__setattr__
@@ -198,7 +327,7 @@ def decode(line: bytes) -> Message:
     try:
         fields["from_agent"] = fields.pop("from")
         fields["to_agent"] = fields.pop("to")
-        fields["type"] = _TYPES[fields["type"]]
+        fields["type"] = _KINDS[fields["type"]]
     except KeyError as exc:
         raise InvalidMessage(f"missing or unknown value for key {exc}") from None
     except TypeError:
@@ -207,11 +336,15 @@ def decode(line: bytes) -> Message:
         fields["reply_to"] = None
     if "metadata" not in fields:
         fields["metadata"] = {}
-    if len(fields) != 8:  # keys from a newer writer: keep only ours
+    if len(fields) != 8:  # optional keys, or keys from a newer writer: keep only ours
         try:
-            fields = {key: fields[key] for key in _FIELDS}
+            kept = {key: fields[key] for key in _FIELDS}
         except KeyError as exc:
             raise InvalidMessage(f"missing key {exc}") from None
+        for key in _OPTIONAL:
+            if key in fields:
+                kept[key] = _check_optional(key, fields[key])
+        fields = kept
     try:
         well_typed = (
             type(fields["id"]) is str
@@ -234,6 +367,20 @@ def decode(line: bytes) -> Message:
     return message
 
 
+def _check_optional(key: str, value: Any) -> Any:
+    """An optional envelope key's value as read from the wire, or `InvalidMessage`."""
+    good = (
+        (key == "thread" and type(value) is str and _ID.fullmatch(value) is not None)
+        or (key == "priority" and value in PRIORITIES)
+        or (key == "ack" and type(value) is bool)
+        or (key == "visibility" and value in VISIBILITIES)
+        or (key == "chain" and type(value) is list and all(type(v) is str for v in value))
+    )
+    if not good:
+        raise InvalidMessage(f"bad value for key {key!r}: {value!r}")
+    return tuple(value) if key == "chain" else value
+
+
 def decode_lines(lines: list[bytes]) -> tuple[list[Message | str], bool]:
     """Decode many lines: a `Message` for each good line, the reason for each bad one,
     and whether every line was good.
@@ -245,7 +392,7 @@ def decode_lines(lines: list[bytes]) -> tuple[list[Message | str], bool]:
     append = out.append
     clean = True
     loads = orjson.loads
-    types = _TYPES
+    types = _KINDS
     for line in lines:
         try:
             fields = loads(line)
@@ -287,19 +434,19 @@ def decode_lines(lines: list[bytes]) -> tuple[list[Message | str], bool]:
 
 def from_envelope(envelope: Mapping[str, Any]) -> Message:
     """The `Message` for a wire envelope that the sender built and checked itself."""
+    fields = {
+        "id": envelope["id"],
+        "from_agent": envelope["from"],
+        "to_agent": envelope["to"],
+        "type": _KINDS[envelope["type"]],
+        "content": envelope["content"],
+        "metadata": envelope["metadata"],
+        "ts": envelope["ts"],
+        "reply_to": envelope.get("reply_to"),
+    }
+    for key in _OPTIONAL:
+        if key in envelope:
+            fields[key] = tuple(envelope[key]) if key == "chain" else envelope[key]
     message = _new(Message)
-    _adopt(
-        message,
-        "__dict__",
-        {
-            "id": envelope["id"],
-            "from_agent": envelope["from"],
-            "to_agent": envelope["to"],
-            "type": _TYPES[envelope["type"]],
-            "content": envelope["content"],
-            "metadata": envelope["metadata"],
-            "ts": envelope["ts"],
-            "reply_to": envelope.get("reply_to"),
-        },
-    )
+    _adopt(message, "__dict__", fields)
     return message

@@ -30,6 +30,9 @@ WATCH_POLL_DELAY_MS: Final = 10
 TAIL_CHUNK_BYTES: Final = 64 * 1024
 #: How long ``ralph-mail gc`` waits for another gc of the same team to finish (s).
 MAINTENANCE_LOCK_TIMEOUT_S: Final = 30.0
+#: How long gc waits for a sender's lock on one inbox before it leaves that inbox as it is
+#: (s): a sender stopped with the lock held (Ctrl-Z) must not hang gc for ever.
+GC_INBOX_LOCK_WAIT_S: Final = 5.0
 #: An owner compacts its own inbox once this many consumed bytes sit at its front, so a
 #: long-running team's inboxes stay bounded without anyone running gc (0 turns it off).
 GC_AUTO_BYTES: Final = 64 * 1024 * 1024
@@ -73,6 +76,14 @@ def home(value: str | os.PathLike[str] | None = None) -> Path:
     return Path.home() / ".ralph"
 
 
+def backend(value: str | None = None) -> str:
+    """Where teams are kept: the argument, else ``$RALPH_BACKEND``, else ``""`` (files
+    under the home)."""
+    if value is not None:
+        return value
+    return os.environ.get("RALPH_BACKEND", "").strip()
+
+
 def durable(value: bool | None = None) -> bool:
     """Whether sends fsync: the argument, else ``$RALPH_DURABLE`` (1/true/yes), else off."""
     if value is not None:
@@ -86,6 +97,37 @@ def max_message_bytes(value: int | None = None) -> int:
         return value
     env = os.environ.get("RALPH_MAX_MESSAGE_BYTES")
     return int(env) if env and env.isdigit() else MAX_MESSAGE_BYTES
+
+
+#: Team settings (``ralph-mail team config TEAM KEY VALUE``) and their defaults; each can
+#: be overridden for one process by ``RALPH_<KEY>`` in the environment.
+TEAM_DEFAULTS: Final = {
+    "max_depth": 3,
+    "max_internal_exchanges": 20,
+    "presence_timeout": 60,
+    "channel_delay": 0,
+}
+
+
+def team_setting(key: str, config: dict[str, str] | None = None) -> int:
+    """A team setting: ``$RALPH_<KEY>``, else the team's config, else the default.
+
+    >>> team_setting("max_depth", {})
+    3
+    """
+    env = f"RALPH_{key.upper()}"
+    for source, raw in (
+        (env, os.environ.get(env)),
+        (f"team config {key}", (config or {}).get(key)),
+    ):
+        if raw is None or raw == "":
+            continue
+        if not raw.strip().isdigit():
+            from ralph_mail.errors import MailError
+
+            raise MailError(f"invalid {source} {raw!r}: give a whole number >= 0")
+        return int(raw)
+    return TEAM_DEFAULTS[key]
 
 
 def gc_auto_bytes(value: int | None = None) -> int:

@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 
-from ralph_mail import settings, store
+from ralph_mail import settings
 from ralph_mail.errors import InvalidName, MailError, TeamExists, TeamNotFound, UnknownAgent
 from ralph_mail.message import check_name, format_ts
+
+if TYPE_CHECKING:
+    from ralph_mail.store import Backend, TeamStore
 
 MemberSpec = str | tuple[str, str]
 
@@ -31,11 +35,28 @@ class Member:
         name: the agent name, also its inbox's name.
         description: what the agent does (may be empty).
         role: ``"lead"`` or ``"member"``.
+        manager: the member this one reports to (None: none).
+        mode: ``"autonomous"`` (the default), ``"supervised"`` or ``"strict"``.
     """
 
     name: str
     description: str = ""
     role: str = "member"
+    manager: str | None = None
+    mode: str = "autonomous"
+
+    def to_dict(self) -> dict[str, str]:
+        """The member as ``team.json`` keeps it (manager and mode only when set)."""
+        record = {"name": self.name, "description": self.description, "role": self.role}
+        if self.manager is not None:
+            record["manager"] = self.manager
+        if self.mode != "autonomous":
+            record["mode"] = self.mode
+        return record
+
+
+#: How a member's contact is governed (DESIGN §9.1).
+MODES = ("autonomous", "supervised", "strict")
 
 
 @dataclass(frozen=True)
@@ -48,6 +69,9 @@ class Team:
         members: every member, the lead included, in creation order.
         home: the mailbox home the team lives under.
         created: when the team was created (UTC ISO-8601).
+        config: the team's settings (``max_depth``, ``max_internal_exchanges``,
+            ``presence_timeout``, ``channel_delay``), as ``ralph-mail team config`` set them.
+        store: where the team's mail is kept (the storage seam); opened on first use.
     """
 
     name: str
@@ -55,16 +79,13 @@ class Team:
     members: tuple[Member, ...]
     home: Path
     created: str = ""
+    config: Mapping[str, str] = field(default_factory=dict)
+    store: TeamStore = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
     @property
     def names(self) -> tuple[str, ...]:
         """The member names, in roster order."""
         return tuple(member.name for member in self.members)
-
-    @property
-    def root(self) -> Path:
-        """The team's directory."""
-        return store.teams_dir(self.home) / self.name
 
     def member(self, name: str) -> Member:
         """The member called ``name``; `UnknownAgent` naming the members otherwise."""
@@ -89,6 +110,8 @@ def create_team(
     members: Iterable[MemberSpec],
     home: str | os.PathLike[str] | None = None,
     lead: str | None = None,
+    *,
+    backend: str | None = None,
 ) -> Team:
     """Create team ``name`` with an empty inbox for every member; return its `Team`.
 
@@ -116,68 +139,153 @@ def create_team(
         Member(m.name, m.description, "lead" if m.name == lead_name else "member") for m in specs
     )
     created = format_ts(time.time_ns() // 1000)
-    team = Team(name, lead_name, roster_members, settings.home(home), created)
+    home_path = settings.home(home)
+    place = _backend(home_path, backend)
+    team = Team(name, lead_name, roster_members, home_path, created, {}, place.team_store(name))
     roster = {
         "name": name,
         "lead": lead_name,
         "created": created,
-        "members": [
-            {"name": m.name, "description": m.description, "role": m.role} for m in roster_members
-        ],
+        "members": [m.to_dict() for m in roster_members],
     }
     try:
-        store.create_team_files(
-            team.home, name, names, orjson.dumps(roster, option=orjson.OPT_INDENT_2)
-        )
+        place.create_team(name, names, orjson.dumps(roster, option=orjson.OPT_INDENT_2))
     except FileExistsError:
         raise TeamExists(
             f"team {name!r} already exists in {team.home}: pick another name or delete it first"
         ) from None
-    except OSError as exc:
-        raise MailError(f"cannot create team {name!r} in {team.home}: {exc}") from None
     return team
 
 
-def load_team(name: str, home: str | os.PathLike[str] | None = None) -> Team:
-    """The `Team` called ``name`` under ``home``; `TeamNotFound` when it does not exist."""
+def _backend(home: Path, url: str | None) -> Backend:
+    from ralph_mail.store import backend
+
+    return backend(home, settings.backend(url))
+
+
+def parse_roster(raw: bytes, home: Path, name: str, store: TeamStore) -> Team:
+    """The `Team` a roster document describes; `MailError` naming what is wrong in it.
+
+    Every name is checked again: a roster edited by hand must not smuggle a path (a
+    member called ``../x``) into the places where names become file names.
+    """
+    try:
+        data = orjson.loads(raw)
+        members = tuple(_read_member(m) for m in data["members"])
+        lead = check_name(data["lead"], "lead name")
+        config = {str(k): str(v) for k, v in data.get("config", {}).items()}
+        return Team(name, lead, members, home, data.get("created", ""), config, store)
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, InvalidName) as exc:
+        raise MailError(
+            f"roster {home / 'teams' / name / 'team.json'} is damaged ({exc}): "
+            "restore it or recreate the team"
+        ) from None
+
+
+def _read_member(record: dict[str, str]) -> Member:
+    manager = record.get("manager")
+    mode = record.get("mode", "autonomous")
+    if mode not in MODES:
+        raise InvalidName(f"mode {mode!r} of {record.get('name')!r} is not one of {MODES}")
+    return Member(
+        check_name(record["name"], "member name"),
+        str(record.get("description", "")),
+        str(record.get("role", "member")),
+        None if manager is None else check_name(manager, "manager name"),
+        mode,
+    )
+
+
+def update_team(
+    name: str,
+    home: str | os.PathLike[str] | None = None,
+    *,
+    backend: str | None = None,
+    member: str | None = None,
+    description: str | None = None,
+    manager: str | None = None,
+    mode: str | None = None,
+    config: Mapping[str, str] | None = None,
+) -> Team:
+    """Change a member's ``description``, ``manager`` (``""`` clears it) or ``mode``,
+    and/or the team's ``config`` settings; return the team as saved.
+
+    Everything is checked before the roster is rewritten (atomically, under its lock).
+
+    Example:
+        >>> update_team("demo", member="writer", manager="lead")  # doctest: +SKIP
+        >>> update_team("demo", config={"max_depth": "4"})        # doctest: +SKIP
+    """
+    team = load_team(name, home, backend=backend)
+    if mode is not None and mode not in MODES:
+        raise InvalidName(f"invalid mode {mode!r}: use one of {', '.join(MODES)}")
+    if member is not None:
+        team.member(member)
+    if manager:
+        team.member(manager)
+        if manager == member:
+            raise InvalidName(f"{member!r} cannot be its own manager: name another member")
+    for key, value in (config or {}).items():
+        if key not in settings.TEAM_DEFAULTS:
+            known = ", ".join(settings.TEAM_DEFAULTS)
+            raise InvalidName(f"unknown team setting {key!r}: use one of {known}")
+        if not str(value).isdigit():
+            raise InvalidName(f"invalid {key} {value!r}: give a whole number >= 0")
+
+    def change(raw: bytes) -> bytes:
+        data = orjson.loads(raw)
+        for record in data["members"]:
+            if record["name"] != member:
+                continue
+            if description is not None:
+                record["description"] = description
+            if manager is not None:
+                record.pop("manager", None)
+                if manager:
+                    record["manager"] = manager
+            if mode is not None:
+                record.pop("mode", None)
+                if mode != "autonomous":
+                    record["mode"] = mode
+        if config:
+            data.setdefault("config", {}).update({k: str(v) for k, v in config.items()})
+        return orjson.dumps(data, option=orjson.OPT_INDENT_2)
+
+    team.store.update_roster(change)
+    return load_team(name, home, backend=backend)
+
+
+def load_team(
+    name: str, home: str | os.PathLike[str] | None = None, *, backend: str | None = None
+) -> Team:
+    """The `Team` called ``name`` under ``home`` (or in ``backend``, default
+    ``$RALPH_BACKEND``, else files under the home); `TeamNotFound` when it does not exist."""
     check_name(name, "team name")
     home_path = settings.home(home)
+    place = _backend(home_path, backend)
     try:
-        raw = store.read_roster(home_path, name)
+        raw = place.read_roster(name)
     except FileNotFoundError:
-        known = store.team_names(home_path)
+        known = place.team_names()
         hint = f"teams: {', '.join(known)}" if known else "no teams yet"
         raise TeamNotFound(
             f"no team {name!r} in {home_path} ({hint}): create it with "
             f"'ralph-mail team create {name} --member NAME'"
         ) from None
-    except MailError:
-        raise
-    except OSError as exc:
-        raise MailError(f"cannot read team {name!r} in {home_path}: {exc}") from None
-    try:
-        data = orjson.loads(raw)
-        members = tuple(
-            Member(m["name"], m.get("description", ""), m.get("role", "member"))
-            for m in data["members"]
-        )
-        return Team(data["name"], data["lead"], members, home_path, data.get("created", ""))
-    except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
-        raise MailError(
-            f"roster {store.teams_dir(home_path) / name / 'team.json'} is damaged ({exc}): "
-            "restore it or recreate the team"
-        ) from None
+    return parse_roster(raw, home_path, name, place.team_store(name))
 
 
-def list_teams(home: str | os.PathLike[str] | None = None) -> list[Team]:
+def list_teams(
+    home: str | os.PathLike[str] | None = None, *, backend: str | None = None
+) -> list[Team]:
     """Every team under ``home``, sorted by name."""
-    return [load_team(name, home) for name in store.team_names(settings.home(home))]
+    names = _backend(settings.home(home), backend).team_names()
+    return [load_team(name, home, backend=backend) for name in names]
 
 
-def delete_team(name: str, home: str | os.PathLike[str] | None = None) -> None:
+def delete_team(
+    name: str, home: str | os.PathLike[str] | None = None, *, backend: str | None = None
+) -> None:
     """Delete team ``name`` and all its mail."""
-    team = load_team(name, home)
-    try:
-        store.remove_team_files(team.home, name)
-    except OSError as exc:
-        raise MailError(f"cannot delete team {name!r}: {exc}") from None
+    team = load_team(name, home, backend=backend)
+    _backend(team.home, backend).remove_team(name)

@@ -19,11 +19,11 @@ from ralph_mail import (
     UnknownAgent,
     create_team,
 )
-from ralph_mail import store as store_module
+from ralph_mail.store import inbox as store_module
 
 
 def inbox(team: Team, agent: str) -> Path:
-    return team.root / "mailbox" / f"{agent}.jsonl"
+    return team.store.root / "mailbox" / f"{agent}.jsonl"
 
 
 def test_send_appends_one_line_and_returns_the_message(team: Team) -> None:
@@ -127,7 +127,7 @@ def test_broadcast_reaches_everyone_but_the_sender_with_one_id(team: Team) -> No
         (lambda b: b.send("nobody", "text", "x"), UnknownAgent),
         (lambda b: b.send("../lead", "text", "x"), MailError),
         (lambda b: b.send("*", "text", "x"), InvalidMessage),
-        (lambda b: b.send("lead", "bogus", "x"), InvalidMessage),
+        (lambda b: b.send("lead", "Not A Type", "x"), InvalidMessage),
         (lambda b: b.send("lead", "text", 42), InvalidMessage),
         (lambda b: b.send("lead", "text", "x", metadata={"n": 1}), InvalidMessage),
         (lambda b: b.send("lead", "text", "x", id="XYZ"), InvalidMessage),
@@ -138,10 +138,10 @@ def test_broadcast_reaches_everyone_but_the_sender_with_one_id(team: Team) -> No
 )
 def test_refused_sends_write_nothing(team: Team, call, error) -> None:  # type: ignore[no-untyped-def]
     """A refused send raises a MailError and leaves every inbox and directory untouched."""
-    before = sorted((p, p.stat().st_size) for p in team.root.rglob("*") if p.is_file())
+    before = sorted((p, p.stat().st_size) for p in team.store.root.rglob("*") if p.is_file())
     with pytest.raises(error):
         call(MessageBus("demo", "worker-1"))
-    after = sorted((p, p.stat().st_size) for p in team.root.rglob("*") if p.is_file())
+    after = sorted((p, p.stat().st_size) for p in team.store.root.rglob("*") if p.is_file())
     assert after == before
 
 
@@ -162,7 +162,7 @@ def test_malformed_lines_become_dead_letters_and_never_stop_the_reader(team: Tea
     assert [m.content for m in MessageBus("demo", "lead").poll()] == ["before", "after"]
     letters = [
         orjson.loads(x)
-        for x in (team.root / "deadletters" / "lead.jsonl").read_bytes().splitlines()
+        for x in (team.store.root / "deadletters" / "lead.jsonl").read_bytes().splitlines()
     ]
     assert [x["line"] for x in letters] == ["garbage", '{"id": 1}']
     assert all(x["reason"] and x["inbox"] == "lead" for x in letters)
@@ -211,7 +211,7 @@ def test_torn_tail_is_set_aside_and_the_next_send_starts_a_fresh_line(team: Team
     assert [m.content for m in MessageBus("demo", "lead").poll()] == ["whole", "next"]
     (letter,) = [
         orjson.loads(x)
-        for x in (team.root / "deadletters" / "lead.jsonl").read_bytes().splitlines()
+        for x in (team.store.root / "deadletters" / "lead.jsonl").read_bytes().splitlines()
     ]
     assert "torn" in letter["reason"] and letter["line"].startswith('{"id":"0123456789ab"')
 
@@ -307,7 +307,7 @@ def test_cursor_commit_is_never_torn(team: Team) -> None:
     lead.poll()  # slot 1 holds the cursor after 'a'
     sender.send("lead", "text", "b")
     lead.poll()  # slot 0 holds the cursor after 'b'
-    path = team.root / "cursors" / "lead.cursor"
+    path = team.store.root / "cursors" / "lead.cursor"
     data = bytearray(path.read_bytes())
     data[10] ^= 0xFF  # a torn write of slot 0
     path.write_bytes(bytes(data))

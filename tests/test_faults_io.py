@@ -22,8 +22,8 @@ from conftest import BOUND_S, cli_env
 from faultkit import SCALES, dead_letters, lines_of, pick, record
 
 from ralph_mail import MailError, Message, MessageBus, StoreError, Team, create_team
-from ralph_mail import store as store_module
-from ralph_mail.store import Cursor, FileStore
+from ralph_mail.store import inbox as store_module
+from ralph_mail.store import Cursor, FileStore, pid_alive
 
 
 class Crash(BaseException):
@@ -31,7 +31,7 @@ class Crash(BaseException):
 
 
 def inbox(team: Team, agent: str = "lead") -> Path:
-    return team.root / "mailbox" / f"{agent}.jsonl"
+    return team.store.root / "mailbox" / f"{agent}.jsonl"
 
 
 def contents(messages: list[Message]) -> list[str]:
@@ -122,7 +122,7 @@ def test_a_cut_back_that_fails_too_leaves_a_torn_tail_the_next_send_sets_aside(
     assert contents(MessageBus("demo", "lead").peek()) == ["kept"]
     MessageBus("demo", "worker-2").send("lead", "text", "next")
     assert contents(MessageBus("demo", "lead").poll()) == ["kept", "next"]
-    (letter,) = dead_letters(team.root, "lead")
+    (letter,) = dead_letters(team.store.root, "lead")
     assert "torn" in str(letter["reason"])
     record(messages=3, faults=2)
 
@@ -260,7 +260,7 @@ def sample_inbox(team: Team) -> tuple[bytes, list[tuple[int, str]]]:
 def reset_reader(team: Team, data: bytes) -> None:
     inbox(team).write_bytes(data)
     for sub in ("cursors", "deadletters"):
-        for path in (team.root / sub).iterdir():
+        for path in (team.store.root / sub).iterdir():
             path.unlink()
 
 
@@ -277,7 +277,7 @@ def test_an_inbox_cut_at_every_byte_delivers_only_whole_messages(team: Team) -> 
         sender.close()
         assert contents(lead.poll()) == ["after"], cut
         torn_from = max([end for end, _ in ends if end <= cut], default=0)
-        letters = dead_letters(team.root, "lead")
+        letters = dead_letters(team.store.root, "lead")
         if torn_from < cut:
             (letter,) = letters
             assert "torn" in str(letter["reason"]) and letter["offset"] == torn_from
@@ -301,7 +301,7 @@ def test_nul_padding_is_never_delivered(team: Team) -> None:
     assert contents(MessageBus("demo", "lead").poll()) == ["after"]
     reset_reader(team, b"\0" * 100 + b"\n" + data + b"\0\0\0" + data.split(b"\n")[0] + b"\n")
     assert contents(MessageBus("demo", "lead").poll()) == wanted
-    reasons = [str(letter["reason"]) for letter in dead_letters(team.root, "lead")]
+    reasons = [str(letter["reason"]) for letter in dead_letters(team.store.root, "lead")]
     assert len(reasons) == 2 and all("JSON" in reason for reason in reasons)
     record(messages=2 * len(wanted) + 1, faults=3)
 
@@ -343,7 +343,7 @@ def test_random_garbage_never_crashes_the_reader(team: Team, scale: str) -> None
             assert content in contents(got), trial
         positions = [contents(got).index(c) for c in kept]
         assert positions == sorted(positions)
-        letters = dead_letters(team.root, "lead")
+        letters = dead_letters(team.store.root, "lead")
         assert len(got) + len(letters) <= len(out)
         assert all(letter["reason"] for letter in letters)
         faults += bad
@@ -358,15 +358,15 @@ def test_a_cursor_commit_cut_at_every_byte_leaves_the_old_or_the_new_cursor(
 ) -> None:
     """The slot write stopped after k bytes, for every k: the cursor read back is the old one
     until the write is whole, then the new one; never a mix, never an error."""
-    store = FileStore(team.root)
+    store = FileStore(team.home, team.name)
     old = Cursor(1000, {1200, 1500})
     new = Cursor(2000, {2100, 2300, 2400})
     real = os.pwrite
-    length = store_module._CursorFile._HEAD.size + 8 * len(new.acked) + 4  # seq..acks, crc
+    length = 12 + 20 + 8 * len(new.acked) + 4  # seq+length, floor+inode+count, acks, crc
     for cut in range(0, 4097):
-        shutil.rmtree(team.root / "cursors")
+        shutil.rmtree(team.store.root / "cursors")
         store.close()
-        store = FileStore(team.root)
+        store = FileStore(team.home, team.name)
         store.save_cursor("lead", Cursor(10))
         store.save_cursor("lead", old)
 
@@ -378,7 +378,7 @@ def test_a_cursor_commit_cut_at_every_byte_leaves_the_old_or_the_new_cursor(
             patch.setattr(store_module.os, "pwrite", torn)
             with pytest.raises(Crash):
                 store.save_cursor("lead", new)
-        found = FileStore(team.root).load_cursor("lead")
+        found = FileStore(team.home, team.name).load_cursor("lead")
         assert found == (new if cut >= length else old), cut
         if cut > length:
             break
@@ -391,14 +391,14 @@ def test_a_cursor_rewrite_killed_at_each_step_leaves_the_old_or_the_new_cursor(
 ) -> None:
     """A cursor that outgrows its slot is rewritten through temp file + rename: a crash at
     any step leaves the old cursor (before the rename) or the new one (after)."""
-    store = FileStore(team.root)
+    store = FileStore(team.home, team.name)
     old = Cursor(100, {200})
     store.save_cursor("lead", old)
     big = Cursor(100, set(range(200, 200 + 8 * 700, 8)))  # 700 acks: over one 4 KiB slot
     targets = {"write": "write", "fsync": "fsync", "replace": "replace"}
     real = getattr(os, targets[step])
 
-    def crash(*args: object) -> object:
+    def crash(*args: object, **kwargs: object) -> object:
         if step == "write" and len(args[1]) > 16:  # type: ignore[arg-type]
             real(args[0], args[1][: len(args[1]) // 2])  # type: ignore[index]
         raise Crash
@@ -407,23 +407,23 @@ def test_a_cursor_rewrite_killed_at_each_step_leaves_the_old_or_the_new_cursor(
         patch.setattr(store_module.os, targets[step], crash)
         with pytest.raises(Crash):
             store.save_cursor("lead", big)
-    assert FileStore(team.root).load_cursor("lead") == old
+    assert FileStore(team.home, team.name).load_cursor("lead") == old
     store.close()
-    fresh = FileStore(team.root)
+    fresh = FileStore(team.home, team.name)
     fresh.save_cursor("lead", big)
-    assert FileStore(team.root).load_cursor("lead") == big
-    assert store_module.pid_alive(os.getpid())
+    assert FileStore(team.home, team.name).load_cursor("lead") == big
+    assert pid_alive(os.getpid())
     record(faults=1)
 
 
 def test_a_dead_letter_record_torn_by_a_kill_does_not_swallow_the_next(team: Team) -> None:
     """A dead-letter record cut short (its writer was killed) stays a line of its own: the
     next record is whole and readable, and doctor can still list both."""
-    path = team.root / "deadletters" / "lead.jsonl"
+    path = team.store.root / "deadletters" / "lead.jsonl"
     path.write_bytes(b'{"ts":"2026-01-01T00:00:00.000000Z","inbox":"lead","reas')
     with open(inbox(team), "ab") as f:
         f.write(b"garbage\n")
     MessageBus("demo", "lead").poll()
-    letters = FileStore(team.root).dead_letters("lead")
+    letters = FileStore(team.home, team.name).dead_letters("lead")
     assert [str(x["reason"])[:7] for x in letters] == ["damaged", "not val"]
     record(faults=1)

@@ -128,17 +128,17 @@ def test_load_16_writers_into_one_inbox_while_2_readers_poll(
         assert result["got"] == total or (mode == "viewer" and result["skipped"]), result
         assert result["polls"] > 1  # it read while the writers wrote
     # What the owner consumed may be compacted away (RALPH_GC_AUTO_BYTES): the rest is whole.
-    lines = lines_of(team.root / "mailbox" / "lead.jsonl")
+    lines = lines_of(team.store.root / "mailbox" / "lead.jsonl")
     assert len(lines) <= total
     assert all(orjson.loads(line) for line in lines)
-    assert dead_letters(team.root, "lead") == []
+    assert dead_letters(team.store.root, "lead") == []
     record(messages=total)
 
 
 STORM_WRITER = """
 import os, sys
 from ralph_mail import MessageBus
-from ralph_mail import store
+from ralph_mail.store import inbox as store
 name, hook, tag = sys.argv[1], sys.argv[2], sys.argv[3]
 bus = MessageBus("storm", name)
 real = store.write_all
@@ -282,9 +282,9 @@ def test_kill_storm_loses_no_returned_send_and_never_blocks_the_next_writer(
     record(messages=len(delivered), kills=kills, faults=torn, lost=len(lost))
     assert not lost, f"{len(lost)} returned sends lost: {sorted(lost)[:5]}"
     assert "a:final" in delivered
-    letters = FileStore(team.root).dead_letters("lead")
+    letters = FileStore(team.home, team.name).dead_letters("lead")
     assert len([x for x in letters if "torn" in str(x["reason"])]) >= torn
-    assert all(orjson.loads(line) for line in lines_of(team.root / "mailbox" / "lead.jsonl"))
+    assert all(orjson.loads(line) for line in lines_of(team.store.root / "mailbox" / "lead.jsonl"))
 
 
 CONSUMER = """

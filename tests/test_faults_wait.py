@@ -55,8 +55,8 @@ with open(f"/proc/sys/user/max_inotify_{kind}", "w") as f:
     f.write("0")
 from ralph_mail import MessageBus
 bus = MessageBus("demo", "lead")
+got = [m.content for m in bus.wait_for_messages(timeout=0.01)]  # the watcher starts here
 print("ready", flush=True)
-got = []
 while len(got) < 3:
     got += [m.content for m in bus.wait_for_messages(timeout=60)]
 print(",".join(got), flush=True)
@@ -107,7 +107,7 @@ def test_a_wait_whose_events_are_all_lost_still_returns_the_mail(
     team: Team, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Events that never come (a lost inotify event) delay a wait by the safety poll at most."""
-    from ralph_mail import watch
+    from ralph_mail.store import watch
 
     def deaf(self: watch.Watcher, timeout: float, stop: object = None) -> bool:
         time.sleep(min(timeout, 0.05))  # this fake watcher hears nothing
@@ -162,7 +162,7 @@ def test_an_inbox_replaced_or_deleted_while_locked_never_gives_two_writers(
 ) -> None:
     """A sender blocked on an inbox that is replaced moves to the new file; one whose inbox
     is deleted fails cleanly and creates nothing: no write ever lands in a dead inode."""
-    path = team.root / "mailbox" / "lead.jsonl"
+    path = team.store.root / "mailbox" / "lead.jsonl"
     sender = procs.python(BLOCKED_SENDER, env=cli_env(team.home))
     assert sender.stdout is not None and sender.stdout.readline() == b"ready\n"
     held = hold_lock(path)
@@ -203,14 +203,15 @@ def test_closing_another_descriptor_of_the_inbox_keeps_the_lock(
 ) -> None:
     """flock belongs to the open file description: the same process opening and closing the
     inbox again (a read, a tail) does not drop a sender's lock, as fcntl locks would."""
-    path = team.root / "mailbox" / "lead.jsonl"
-    store = FileStore(team.root)
-    writer, _ = store._lock("lead")  # the sender's lock, as append takes it
+    path = team.store.root / "mailbox" / "lead.jsonl"
+    store = FileStore(team.home, team.name)
+    log = store._log("lead")
+    log._lock()  # the sender's lock, as append takes it
     os.close(os.open(path, os.O_RDONLY))  # as a tail or a base check would
     os.close(os.open(path, os.O_RDWR | os.O_APPEND))  # as another sender object would
     probe = procs.python(LOCK_PROBE, str(path))
     assert probe.communicate(timeout=BOUND_S)[0].strip() == b"held"
-    fcntl.flock(writer.fd, fcntl.LOCK_UN)
+    fcntl.flock(log._writer, fcntl.LOCK_UN)
     probe = procs.python(LOCK_PROBE, str(path))
     assert probe.communicate(timeout=BOUND_S)[0].strip() == b"free"
     store.close()
@@ -226,9 +227,9 @@ def test_a_deleted_gc_lock_does_not_let_two_gc_runs_break_anything(team: Team) -
         sender.send("lead", "text", str(seq))
     lead = MessageBus("demo", "lead")
     assert len(lead.poll()) == 20
-    store = FileStore(team.root)
+    store = FileStore(team.home, team.name)
     with store.maintenance_lock(1):
-        (team.root / "gc.lock").unlink()
+        (team.store.root / "gc.lock").unlink()
         assert collect("demo", timeout=1).removed > 0
     sender.send("lead", "text", "after")
     assert [m.content for m in lead.poll()] == ["after"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import signal
 from pathlib import Path
 
@@ -12,15 +13,16 @@ import pytest
 from conftest import BOUND_S, Processes, cli_env, ralph
 from faultkit import SCALES, dead_letters, pick, record
 
-from ralph_mail import MessageBus, Team, create_team, maintenance
-from ralph_mail import store as store_module
+from ralph_mail import MessageBus, Team, create_team
+from ralph_mail.store import doctor as maintenance
+from ralph_mail.store import inbox as store_module
 from ralph_mail.errors import LockTimeout
 from ralph_mail.maintenance import collect, doctor
 from ralph_mail.store import FileStore
 
 
 def inbox(team: Team, agent: str = "lead") -> Path:
-    return team.root / "mailbox" / f"{agent}.jsonl"
+    return team.store.root / "mailbox" / f"{agent}.jsonl"
 
 
 def fill(count: int, start: int = 0) -> None:
@@ -74,7 +76,7 @@ def test_gc_sets_a_torn_tail_aside(team: Team) -> None:
         f.write(b'{"id":"0123')
     collect("demo")
     assert inbox(team).read_bytes() == b""
-    assert "torn" in str(dead_letters(team.root, "lead")[0]["reason"])
+    assert "torn" in str(dead_letters(team.store.root, "lead")[0]["reason"])
 
 
 def test_a_viewer_behind_gc_still_shows_every_message(team: Team) -> None:
@@ -118,7 +120,7 @@ def test_a_deleted_cursor_rereads_from_what_gc_kept(team: Team) -> None:
     lead.poll()
     fill(1, 3)
     collect("demo")
-    (team.root / "cursors" / "lead.cursor").unlink()
+    (team.store.root / "cursors" / "lead.cursor").unlink()
     assert [m.content for m in MessageBus("demo", "lead").poll()] == ["m3"]
 
 
@@ -136,33 +138,39 @@ def test_gc_killed_at_each_step_loses_and_shifts_nothing(
     class Crash(BaseException):
         pass
 
+    real_fsync = os.fsync
+
     def crash(*args: object, **kwargs: object) -> None:
+        if step == "dirsync" and not stat.S_ISDIR(os.fstat(args[0]).st_mode):  # type: ignore[arg-type]
+            return real_fsync(args[0])  # type: ignore[arg-type]
         raise Crash
 
+    from ralph_mail.store.slots import SlotFile
+
     targets = {
-        "copy": (store_module, "_copy_range"),
+        "copy": (store_module, "copy_range"),
         "fsync": (store_module.os, "fsync"),
-        "base": (store_module._BaseFile, "save"),
+        "base": (SlotFile, "save"),
         "rename": (store_module.os, "rename"),
-        "dirsync": (store_module, "fsync_dir"),
+        "dirsync": (store_module.os, "fsync"),
     }
     with monkeypatch.context() as patch:
         patch.setattr(*targets[step], crash)
         with pytest.raises(Crash):
-            FileStore(team.root).compact("lead")
+            FileStore(team.home, team.name).compact("lead")
     fill(1, 7)
     assert [m.content for m in lead.poll()] == ["m5", "m6", "m7"]
     assert [m.content for m in MessageBus("demo", "lead").poll()] == []
     fill(1, 8)
     collect("demo")
     assert [m.content for m in MessageBus("demo", "lead").poll()] == ["m8"]
-    assert list((team.root / "tmp").iterdir()) == []
+    assert list((team.store.root / "tmp").iterdir()) == []
     record(messages=9, faults=1)
 
 
 def test_a_gc_temp_file_left_by_a_dead_process_is_reported_and_removed(team: Team) -> None:
     """doctor warns about a dead gc's copy; the next gc deletes it."""
-    dead = team.root / "tmp" / ".lead.jsonl.999999999.gc"
+    dead = team.store.root / "tmp" / ".lead.jsonl.999999999.gc"
     dead.write_bytes(b"x")
     assert any(f.check == "temp" for f in doctor(team.home).problems)
     assert collect("demo").removed_temp == (dead,)
@@ -173,7 +181,7 @@ def test_two_gc_runs_take_turns(team: Team, procs: Processes) -> None:
     """While one gc holds gc.lock another waits, then gives up with LockTimeout."""
     holder = procs.python(
         "import sys\nfrom ralph_mail.store import FileStore\n"
-        f"s = FileStore(__import__('pathlib').Path({str(team.root)!r}))\n"
+        f"s = FileStore(__import__('pathlib').Path({str(team.home)!r}), 'demo')\n"
         "with s.maintenance_lock(5):\n    print('held', flush=True); sys.stdin.readline()",
         env=cli_env(team.home),
     )
@@ -183,7 +191,7 @@ def test_two_gc_runs_take_turns(team: Team, procs: Processes) -> None:
     holder.kill()
     holder.wait(timeout=BOUND_S)
     assert collect("demo", timeout=BOUND_S).team == "demo"
-    assert (team.root / "gc.lock").exists()  # never unlinked
+    assert (team.store.root / "gc.lock").exists()  # never unlinked
 
 
 GC_LOOP = """
@@ -264,7 +272,9 @@ def test_gc_in_a_loop_beside_senders_and_the_owner_loses_nothing(
         totals.append([int(x) for x in rest.split()[-2:]])
     assert sum(removed for _, removed in totals) > 0
     collect("gc")
-    assert os.path.getsize(team.root / "mailbox" / "lead.jsonl") == 0  # all consumed, all gone
+    assert (
+        os.path.getsize(team.store.root / "mailbox" / "lead.jsonl") == 0
+    )  # all consumed, all gone
     record(messages=4 * count)
 
 
@@ -330,7 +340,7 @@ def test_doctor_warns_about_low_inotify_limits(
 def test_doctor_fails_on_open_permissions_and_symlinks(team: Team, tmp_path: Path) -> None:
     """A world-readable inbox and a planted symlink are failures; the CLI exits 3."""
     os.chmod(inbox(team), 0o644)
-    (team.root / "cursors" / "worker-2.cursor").symlink_to(tmp_path)
+    (team.store.root / "cursors" / "worker-2.cursor").symlink_to(tmp_path)
     problems = doctor(team.home).problems
     assert any("chmod 600" in f.message for f in problems)
     assert any("symlink" in f.message for f in problems)
@@ -350,7 +360,7 @@ def test_doctor_reports_torn_tails_dead_letters_and_damage(team: Team) -> None:
     strict = ralph(team.home, "doctor", "--team", "demo", "--strict", "--json")
     assert strict.returncode == 3
     assert {orjson.loads(line)["level"] for line in strict.stdout.splitlines()} >= {"ok", "warn"}
-    (team.root / "cursors" / "lead.cursor").write_bytes(b"\xff" * 8192)
+    (team.store.root / "cursors" / "lead.cursor").write_bytes(b"\xff" * 8192)
     assert ("cursor", "fail") in {(f.check, f.level) for f in doctor(team.home).problems}
     inbox(team, "worker-2").unlink()
     assert any("missing" in f.message for f in doctor(team.home).problems)

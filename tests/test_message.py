@@ -44,7 +44,7 @@ def test_decode_round_trips_and_ignores_unknown_keys() -> None:
     message = sample(metadata={"state": "working"}, reply_to="abcdefabcdef")
     assert decode(encode(message)) == message
     envelope = orjson.loads(encode(message))
-    envelope["priority"] = "high"
+    envelope["mood"] = "high"
     assert decode(orjson.dumps(envelope)) == message
 
 
@@ -73,7 +73,7 @@ def test_timestamp_format_is_utc_microseconds_z() -> None:
         (b"not json", "not valid JSON"),
         (b"[1, 2]", "not a JSON object"),
         (b'{"id":"0123456789ab"}', "missing"),
-        (b'{"id":"a","from":"b","to":"c","type":"nope","content":"","ts":""}', "nope"),
+        (b'{"id":"a","from":"b","to":"c","type":"No pe","content":"","ts":""}', "No pe"),
         (b'{"id":"a","from":"b","to":"c","type":"text","content":5,"ts":""}', "wrong JSON type"),
         (
             b'{"id":"a","from":"b","to":"c","type":"text","content":"","ts":"","metadata":{"k":1}}',
@@ -120,3 +120,54 @@ def test_bad_names_are_refused(name: object) -> None:
 def test_good_names_are_accepted(name: str) -> None:
     """Names matching the rule are accepted as they are."""
     assert check_name(name) == name
+
+
+WAVE_ONE = (
+    b'{"id":"0123456789ab","from":"w1","to":"lead","type":"text","content":"hi",'
+    b'"metadata":{},"ts":"2026-01-01T00:00:00.000000Z","reply_to":"abcdefabcdef"}\n'
+)
+
+
+def test_a_first_release_line_re_encodes_byte_for_byte() -> None:
+    """A line without the newer keys decodes to their defaults and encodes unchanged."""
+    message = decode(WAVE_ONE)
+    assert (message.thread, message.priority, message.ack) == ("0123456789ab", "normal", False)
+    assert (message.visibility, tuple(message.chain)) == ("internal", ())
+    assert encode(message) == WAVE_ONE
+
+
+def test_the_newer_keys_round_trip_between_metadata_and_ts() -> None:
+    """thread, priority, ack, visibility and chain survive a round trip, before ts."""
+    envelope = orjson.loads(WAVE_ONE)
+    extra = {"thread": "ffffffffffff", "priority": "urgent", "ack": True,
+             "visibility": "user_visible", "chain": ["a", "b"]}  # fmt: skip
+    line = orjson.dumps({**{k: envelope[k] for k in list(envelope)[:6]}, **extra,
+                         "ts": envelope["ts"], "reply_to": envelope["reply_to"]})  # fmt: skip
+    message = decode(line)
+    assert (message.thread, message.priority, message.ack) == ("ffffffffffff", "urgent", True)
+    assert (message.visibility, tuple(message.chain)) == ("user_visible", ("a", "b"))
+    assert encode(message) == line + b"\n"
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [("thread", "x"), ("priority", "asap"), ("ack", "yes"), ("visibility", "public"),
+     ("chain", "a,b"), ("chain", [1])],
+)  # fmt: skip
+def test_a_bad_value_for_a_newer_key_is_refused_with_a_reason(key: str, value: object) -> None:
+    """A newer key with a value outside its domain makes the line invalid, naming the key."""
+    envelope = orjson.loads(WAVE_ONE)
+    envelope[key] = value
+    with pytest.raises(InvalidMessage, match=key):
+        decode(orjson.dumps(envelope))
+
+
+def test_a_type_beyond_the_enum_is_carried_as_a_string() -> None:
+    """Any lowercase type name decodes, as a plain str; a name with other characters does not."""
+    envelope = orjson.loads(WAVE_ONE)
+    envelope["type"] = "intent_brief"
+    message = decode(orjson.dumps(envelope))
+    assert message.type == "intent_brief" and type(message.type) is str
+    envelope["type"] = "Intent Brief"
+    with pytest.raises(InvalidMessage):
+        decode(orjson.dumps(envelope))

@@ -8,7 +8,7 @@ import orjson
 from conftest import BOUND_S, Processes, cli_env
 
 from ralph_mail import MessageBus, Team
-from ralph_mail.watch import Watcher
+from ralph_mail.store.watch import Watcher
 
 WRITER = """
 import sys
@@ -42,7 +42,7 @@ def test_concurrent_writers_lose_nothing_and_keep_each_writers_order(
     for proc in started:
         proc.wait(timeout=BOUND_S)
         assert proc.returncode == 0, proc.stderr.read() if proc.stderr else b""
-    raw = (team.root / "mailbox" / "lead.jsonl").read_bytes().splitlines()
+    raw = (team.store.root / "mailbox" / "lead.jsonl").read_bytes().splitlines()
     assert len(raw) == 8 * count
     assert all(orjson.loads(line) for line in raw)  # every line parses: none torn or merged
     messages = MessageBus("load", "lead").poll()
@@ -75,7 +75,7 @@ def test_wait_is_woken_by_a_send_from_another_process(team: Team, procs: Process
 
 def test_watcher_wakes_on_a_file_event_not_on_its_timeout(team: Team, procs: Processes) -> None:
     """The watcher returns True (an event, not its timeout) when another process appends."""
-    watcher = Watcher(team.root / "mailbox")
+    watcher = Watcher(team.store.root / "mailbox")
     assert not watcher.polling  # file events, not the polling fallback
     try:
         sender = procs.python(
@@ -109,13 +109,13 @@ def test_forked_child_never_shares_the_parents_lock(team: Team) -> None:
 
     bus = MessageBus("demo", "worker-1")
     bus.send("lead", "text", "parent")
-    parent_fd = bus._store._writers["lead"].fd
+    parent_fd = bus._store._logs["lead"]._writer
     pid = os.fork()
     if pid == 0:  # the child
         code = 0
         try:
             bus.send("lead", "text", "child")
-            code = 0 if bus._store._writers["lead"].fd != parent_fd else 3
+            code = 0 if bus._store._logs["lead"]._writer != parent_fd else 3
         except BaseException:
             code = 4
         os._exit(code)

@@ -24,16 +24,16 @@ from ralph_mail import (
 
 def test_create_team_writes_roster_and_one_empty_inbox_per_member(team: Team) -> None:
     """team.json lists members, descriptions and roles; mailbox/ holds one empty inbox each."""
-    roster = orjson.loads((team.root / "team.json").read_bytes())
+    roster = orjson.loads((team.store.root / "team.json").read_bytes())
     assert roster["lead"] == "lead"
     assert [(m["name"], m["description"], m["role"]) for m in roster["members"]] == [
         ("lead", "", "lead"),
         ("worker-1", "parses logs", "member"),
         ("worker-2", "", "member"),
     ]
-    inboxes = sorted(p.name for p in (team.root / "mailbox").iterdir())
+    inboxes = sorted(p.name for p in (team.store.root / "mailbox").iterdir())
     assert inboxes == ["lead.jsonl", "worker-1.jsonl", "worker-2.jsonl"]
-    assert all((team.root / "mailbox" / n).stat().st_size == 0 for n in inboxes)
+    assert all((team.store.root / "mailbox" / n).stat().st_size == 0 for n in inboxes)
 
 
 def test_lead_can_be_named(home: Path) -> None:
@@ -50,7 +50,7 @@ def test_permissions_are_private_whatever_the_umask(home: Path) -> None:
         team = create_team("open", ["a", "b"], home=home)
     finally:
         os.umask(old)
-    for path in [home, home / "teams", *team.root.rglob("*"), team.root]:
+    for path in [home, home / "teams", *team.store.root.rglob("*"), team.store.root]:
         mode = stat.S_IMODE(path.stat().st_mode)
         assert mode == (0o700 if path.is_dir() else 0o600), path
 
@@ -95,4 +95,4 @@ def test_list_and_delete(team: Team) -> None:
     assert [t.name for t in list_teams(team.home)] == ["demo"]
     delete_team("demo", team.home)
     assert list_teams(team.home) == []
-    assert not team.root.exists()
+    assert not team.store.root.exists()

@@ -1,0 +1,157 @@
+"""Presence and discovery: who is in the team, and who is there now (DESIGN §9.1-9.2).
+
+An agent is *online* while a process of it consumes its inbox (the consumer claim: a
+lock the kernel drops when that process dies, so a kill -9 cannot leave it looking
+online) or when it was active within the team's ``presence_timeout`` (default 60 s):
+any send, read or wait, even one that found no mail, and `MessageBus.set_presence`.
+An explicit ``sleeping`` is reported until its ``until``, process or not.
+
+Example:
+    >>> [(a.name, a.presence) for a in bus.agents()]        # doctest: +SKIP
+    [('lead', 'idle'), ('writer', 'offline')]
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import orjson
+
+from ralph_mail import settings
+from ralph_mail.errors import InvalidMessage
+from ralph_mail.message import format_ts
+from ralph_mail.store.base import TeamStore
+from ralph_mail.team import Team
+
+#: What an agent may say it is doing; ``offline`` is only ever inferred.
+STATES = ("idle", "working", "sleeping", "awaiting_approval", "awaiting_delegation")
+
+
+@dataclass(frozen=True, slots=True)
+class AgentInfo:
+    """One teammate as discovery shows it.
+
+    Attributes:
+        name: the agent's name.
+        description: what it does.
+        role: ``"lead"`` or ``"member"``.
+        manager: whom it reports to, or None.
+        mode: ``autonomous``, ``supervised`` or ``strict``.
+        presence: one of `STATES`, or ``"offline"``.
+        last_seen: when it was last active (UTC ISO-8601), or ``""`` when never.
+        until: for ``sleeping``, when it wakes (UTC ISO-8601), else ``""``.
+    """
+
+    name: str
+    description: str
+    role: str
+    manager: str | None
+    mode: str
+    presence: str
+    last_seen: str
+    until: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        """The record ``ralph-mail agents --json`` prints."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "role": self.role,
+            "manager": self.manager,
+            "mode": self.mode,
+            "presence": self.presence,
+            "last_seen": self.last_seen,
+            "until": self.until,
+        }
+
+
+def parse_until(value: str | datetime | None) -> str:
+    """``until`` as a wire timestamp: an ISO-8601 time, a datetime, or ``+DURATION``
+    (``+90s``, ``+15m``, ``+2h``); ``""`` for None.
+
+    >>> parse_until("2030-01-01T00:00:00Z")
+    '2030-01-01T00:00:00.000000Z'
+    """
+    if value is None or value == "":
+        return ""
+    if isinstance(value, str) and value.startswith("+"):
+        units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+        amount, unit = value[1:-1], value[-1:]
+        if unit not in units or not amount.isdigit():
+            raise InvalidMessage(
+                f"invalid duration {value!r}: write +N followed by s, m, h or d (e.g. +15m)"
+            )
+        value = datetime.now(UTC) + timedelta(seconds=int(amount) * units[unit])
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise InvalidMessage(
+                f"invalid time {value!r}: give ISO-8601 (2030-01-01T09:00:00Z) or +DURATION"
+            ) from None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return format_ts(int(value.timestamp() * 1_000_000))
+
+
+def record(state: str, until: str, last_seen: str) -> bytes:
+    """A presence record as the store keeps it."""
+    return orjson.dumps({"state": state, "until": until, "last_seen": last_seen})
+
+
+def read(store: TeamStore, agent: str) -> dict[str, str]:
+    """An agent's presence record (empty fields when it never had one)."""
+    raw = store.load_presence(agent)
+    try:
+        found = orjson.loads(raw) if raw else {}
+    except orjson.JSONDecodeError:
+        found = {}
+    return {key: str(found.get(key, "")) for key in ("state", "until", "last_seen")}
+
+
+def check_state(state: str) -> str:
+    """Return ``state`` if an agent may set it."""
+    if state not in STATES:
+        raise InvalidMessage(f"invalid presence {state!r}: use one of {', '.join(STATES)}")
+    return state
+
+
+def presence_of(team: Team, agent: str, now: float | None = None) -> tuple[str, str, str]:
+    """``(presence, last_seen, until)`` of ``agent`` now."""
+    now = time.time() if now is None else now
+    found = read(team.store, agent)
+    stamp = format_ts(int(now * 1_000_000))
+    if found["state"] == "sleeping" and found["until"] > stamp:
+        return "sleeping", found["last_seen"], found["until"]
+    timeout = settings.team_setting("presence_timeout", dict(team.config))
+    recent = format_ts(int((now - timeout) * 1_000_000))
+    online = team.store.consumer(agent) is not None or found["last_seen"] >= recent
+    if not online or (not found["last_seen"] and team.store.consumer(agent) is None):
+        return "offline", found["last_seen"], ""
+    state = found["state"] if found["state"] in STATES and found["state"] != "sleeping" else "idle"
+    return state, found["last_seen"], ""
+
+
+def agents(team: Team, me: str, include_self: bool = False) -> list[AgentInfo]:
+    """Every teammate (and ``me`` with ``include_self``), in roster order."""
+    now = time.time()
+    infos = []
+    for member in team.members:
+        if member.name == me and not include_self:
+            continue
+        presence, last_seen, until = presence_of(team, member.name, now)
+        infos.append(
+            AgentInfo(
+                member.name,
+                member.description,
+                member.role,
+                member.manager,
+                member.mode,
+                presence,
+                last_seen,
+                until,
+            )
+        )
+    return infos

@@ -1,0 +1,192 @@
+"""The storage seam: what the library keeps, and the interface every backend implements.
+
+`MessageBus`, `History`, the orchestrator and the faces above them use these primitives
+alone; only a backend touches files (the file backend, `ralph_mail.store.files`) or the
+network. A second backend implements `Backend` and `TeamStore` and passes the contract
+suite (tests/test_store_contract.py), as huey's storage backends pass its StorageTests.
+
+Offsets. An inbox is a log of lines addressed by *logical* byte offsets: they start at 0
+when the inbox is made and only grow, across compactions. A cursor is a floor (everything
+below it is consumed) plus the starts of lines consumed out of order above it. When an
+inbox is replaced by something the backend cannot relate to the old one (a team deleted
+and re-created, an inbox file replaced by hand), `TeamStore.read` continues at the new
+inbox's start, which is lower than the offset asked for, and `TeamStore.load_cursor`
+returns that start: the owner sees the new inbox from its beginning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ralph_mail.store.watch import StopEvent
+
+
+@dataclass
+class Cursor:
+    """An owner's read position in its inbox.
+
+    Attributes:
+        floor: logical offset below which every line is consumed.
+        acked: start offsets of lines above the floor consumed out of order
+            (`MessageBus.wait_for_message` takes one type and leaves the rest).
+    """
+
+    floor: int = 0
+    acked: set[int] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    """What one compaction of one inbox did.
+
+    Attributes:
+        agent: whose inbox.
+        removed: bytes of consumed lines dropped from its front (0: nothing to do).
+        kept: bytes left: the unconsumed lines.
+        base: the inbox's base afterwards (the logical offset of its first byte).
+        messages: how many messages (lines) were dropped.
+    """
+
+    agent: str
+    removed: int
+    kept: int
+    base: int
+    messages: int = 0
+
+
+class Waiter(Protocol):
+    """Blocks until one of the inboxes it was made for may have changed."""
+
+    def wait(self, timeout: float, stop: StopEvent | None = None) -> bool:
+        """Block up to ``timeout`` seconds or until ``stop``; True when something changed.
+
+        A True is only a hint: the caller reads to the end of its inbox afterwards.
+        """
+
+    def close(self) -> None:
+        """Stop waiting and release what the waiter holds."""
+
+
+class TeamStore(Protocol):
+    """Everything one team keeps, primitive by primitive.
+
+    The roster: `roster`, `update_roster`; presence: `save_presence`, `load_presence`,
+    `consumer`. Inboxes: `append`, `read`, `read_tail`, `read_line`, `size`; indexes of lines
+    (conversations, threads): `index_add`, `index_tail`; cursors: `load_cursor`,
+    `save_cursor`; one consumer per inbox: `claim`, `release`; set-aside lines:
+    `dead_letter`, `dead_letters`; compaction: `compact`, `collectable`; waking:
+    `waiter`; small keyed state (the orchestrator's): `load_state`, `save_state`.
+    """
+
+    team: str
+    durable: bool
+
+    def roster(self) -> bytes:
+        """The team's roster document (``team.json``) as stored."""
+
+    def update_roster(self, change: Callable[[bytes], bytes]) -> None:
+        """Replace the roster with ``change(roster)``, atomically, one change at a time."""
+
+    def save_presence(self, agent: str, record: bytes) -> None:
+        """Keep ``record`` as ``agent``'s presence (cheap: called about once a second)."""
+
+    def load_presence(self, agent: str) -> bytes | None:
+        """The last presence record of ``agent``, or None."""
+
+    def consumer(self, agent: str) -> int | None:
+        """The pid of a live process consuming ``agent``'s inbox now (a claim), or None."""
+
+    def append(self, agent: str, head: bytes, tail: bytes) -> tuple[str, int]:
+        """Append the line ``head + ts + tail`` to ``agent``'s inbox; return the ts and
+        the logical offset the line starts at.
+
+        The ts (`ralph_mail.message.format_ts`) is taken under the inbox's lock and never
+        goes below the inbox's last one. When this returns, the line is stored (and on
+        disk when ``durable``); when it raises, nothing a reader would deliver was stored.
+        """
+
+    def read(self, agent: str, offset: int, *, skip_collected: bool = False) -> tuple[bytes, int]:
+        """Whole lines of ``agent``'s inbox from logical ``offset``, and the offset they
+        start at (``offset``, or the new inbox's start after a replacement, or with
+        ``skip_collected`` the first offset still kept). A read may return less than
+        everything: call again until it returns no bytes."""
+
+    def read_tail(self, agent: str, lines: int) -> tuple[list[bytes], int]:
+        """The last ``lines`` whole lines and the logical offset after them; costs
+        O(lines), not O(inbox)."""
+
+    def size(self, agent: str) -> int:
+        """The logical offset of the inbox's end."""
+
+    def read_line(self, agent: str, offset: int, length: int) -> bytes | None:
+        """The line of ``length`` bytes at logical ``offset`` of ``agent``'s inbox; None
+        when it is no longer kept (gc collected it)."""
+
+    def index_add(self, key: str, agent: str, offset: int, length: int) -> None:
+        """Note that the line at ``offset`` (``length`` bytes) of ``agent``'s inbox belongs
+        to index ``key`` (a conversation between two agents, a thread)."""
+
+    def index_tail(self, key: str, count: int) -> list[tuple[str, int, int]]:
+        """The last ``count`` entries of index ``key``, oldest first, as
+        ``(agent, offset, length)``: O(count), whatever else the team holds."""
+
+    def load_cursor(self, agent: str) -> Cursor:
+        """The owner's persisted cursor (the inbox start when it never committed)."""
+
+    def save_cursor(self, agent: str, cursor: Cursor) -> None:
+        """Persist ``cursor``: afterwards a crash leaves the old cursor or this one."""
+
+    def claim(self, agent: str) -> None:
+        """Become the one consumer of ``agent``'s inbox, for this process, until
+        `release`; `InboxBusy` naming the holder when another process consumes it."""
+
+    def release(self, agent: str) -> None:
+        """Stop being its consumer (a killed process stops at once, too)."""
+
+    def dead_letter(self, agent: str, offset: int, line: bytes, reason: str) -> None:
+        """Record a line of ``agent``'s inbox that was set aside, and why."""
+
+    def dead_letters(self, agent: str) -> list[dict[str, Any]]:
+        """Every dead letter recorded for ``agent``'s inbox, oldest first."""
+
+    def compact(self, agent: str, min_bytes: int = 1, *, timeout: float = 0.0) -> Compaction:
+        """Drop the lines below the owner's committed floor; offsets stay valid.
+        ``timeout``: how long to wait for a sender's lock (`LockTimeout` after)."""
+
+    def collectable(self, agent: str, floor: int) -> int:
+        """Bytes below ``floor`` still kept: a cheap test of whether to compact."""
+
+    def waiter(self, agents: list[str]) -> Waiter:
+        """A `Waiter` woken by changes to these agents' inboxes only."""
+
+    def load_state(self, key: str) -> bytes | None:
+        """The bytes last saved under ``key`` (a name), or None."""
+
+    def save_state(self, key: str, data: bytes) -> None:
+        """Replace what is saved under ``key``, atomically and durably."""
+
+    def close(self) -> None:
+        """Release descriptors, connections and claims; the store may be used again."""
+
+
+class Backend(Protocol):
+    """Where teams live: one per home (the file backend) or server (a network backend)."""
+
+    def create_team(self, name: str, agents: list[str], roster: bytes) -> None:
+        """Create a team with an empty inbox per agent, whole or not at all;
+        `FileExistsError` when it exists."""
+
+    def read_roster(self, name: str) -> bytes:
+        """A team's roster; `FileNotFoundError` when there is no such team."""
+
+    def team_names(self) -> list[str]:
+        """The names of the teams, sorted."""
+
+    def remove_team(self, name: str) -> None:
+        """Delete a team and all it keeps, at once and whole."""
+
+    def team_store(self, name: str, *, durable: bool = False) -> TeamStore:
+        """The `TeamStore` of team ``name`` (its files are opened when first used)."""

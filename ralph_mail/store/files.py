@@ -1,0 +1,658 @@
+"""The file backend: `FileBackend` (a home of teams) and `FileStore` (one team's files).
+
+The inbox log is in inbox.py, the slot file in slots.py, the layout in layout.py and the
+POSIX helpers in posix.py; this module puts them together behind `TeamStore`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import re
+import struct
+import time
+import weakref
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ralph_mail.errors import InboxBusy, LockTimeout, StoreError
+from ralph_mail.message import check_name, format_ts
+from ralph_mail.store.base import Compaction, Cursor
+from ralph_mail.store.inbox import InboxLog, InboxState
+from ralph_mail.store.layout import (
+    TeamDirs,
+    create_team_files,
+    read_roster,
+    remove_team_files,
+    team_names,
+)
+from ralph_mail.store.posix import (
+    open_file,
+    pid_alive,
+    read_file,
+    replace_file,
+    store_error,
+    write_all,
+)
+from ralph_mail.store.slots import SlotFile
+from ralph_mail.store.watch import Watcher
+
+_CURSOR = struct.Struct("<qQI")
+#: One index entry: the inbox's agent name (NUL-padded), the line's offset and length.
+_ENTRY = struct.Struct("<64sqI4x")
+_INDEX_KEY = re.compile(r"[a-z]+\+[A-Za-z0-9_.+-]{1,140}")
+_LEGACY_CURSOR = struct.Struct("<QqI")
+
+
+def _legacy_cursor(slot: bytes) -> tuple[int, bytes] | None:
+    # The cursor as the first release wrote it: seq, floor, count, offsets, crc32.
+    if len(slot) < _LEGACY_CURSOR.size + 4:
+        return None
+    seq, floor, count = _LEGACY_CURSOR.unpack_from(slot)
+    end = _LEGACY_CURSOR.size + 8 * count
+    if (
+        not seq
+        or end + 4 > len(slot)
+        or struct.unpack_from("<I", slot, end)[0] != zlib.crc32(slot[:end])
+    ):
+        return None
+    return seq, _CURSOR.pack(floor, 0, count) + slot[_LEGACY_CURSOR.size : end]
+
+
+#: This process's claims: (team directory inode, agent) -> (pid, lock descriptor, users).
+_claims: dict[tuple[int, int, str], list[int]] = {}
+
+
+class FileStore:
+    """The files of one team (see layout.py for where each lives).
+
+    Keeps descriptors open between calls (that is what makes a send cost microseconds);
+    call `close` when done. Descriptors inherited through ``fork`` are never reused: a
+    child shares the parent's open file description, and with it the parent's flock.
+
+    Example:
+        >>> store = FileBackend(Path("/tmp/mail")).team_store("demo")   # doctest: +SKIP
+        >>> store.size("lead")                                           # doctest: +SKIP
+        0
+    """
+
+    def __init__(self, home: Path, team: str, *, durable: bool = False) -> None:
+        self.team = team
+        self.durable = durable
+        self.dirs = TeamDirs(home, team)
+        self._logs: dict[str, InboxLog] = {}
+        self._cursors: dict[str, SlotFile] = {}
+        self._claimed: dict[str, tuple[int, int, str]] = {}
+        self._indexes: dict[str, int] = {}
+        self._presence: dict[str, SlotFile] = {}
+        self._generation = 0
+        # A store dropped without close() still gives its descriptors back when collected.
+        weakref.finalize(
+            self, _close_all, self._logs, self._cursors, self._claimed, self._indexes, self.dirs
+        )
+
+    # -- paths (for messages and doctor) ---------------------------------------------------
+
+    @property
+    def root(self) -> Path:
+        """The team's directory (this backend's own business: doctor, tests)."""
+        return self.dirs.root
+
+    def inbox_path(self, agent: str) -> Path:
+        return self.dirs.path("mailbox", f"{agent}.jsonl")
+
+    def cursor_path(self, agent: str) -> Path:
+        return self.dirs.path("cursors", f"{agent}.cursor")
+
+    def deadletter_path(self, agent: str) -> Path:
+        return self.dirs.path("deadletters", f"{agent}.jsonl")
+
+    def roster(self) -> bytes:
+        try:
+            return read_file("team.json", self.dirs.root_fd())
+        except OSError as exc:
+            raise store_error(exc, str(self.dirs.path("team.json")), "read") from None
+
+    def update_roster(self, change: Callable[[bytes], bytes]) -> None:
+        """Rewrite ``team.json`` as ``change(old)``, under ``roster.lock`` (never unlinked),
+        atomically: a reader sees the old roster or the new one."""
+        where = str(self.dirs.path("team.json"))
+        try:
+            root = self.dirs.root_fd()
+            lock = open_file("roster.lock", os.O_RDWR | os.O_CREAT, root)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                replace_file("team.json", change(read_file("team.json", root)), root)
+            finally:
+                os.close(lock)
+        except OSError as exc:
+            raise store_error(exc, where, "rewrite") from None
+
+    # -- presence --------------------------------------------------------------------------
+
+    def save_presence(self, agent: str, record: bytes) -> None:
+        """Keep ``record`` as ``agent``'s presence (a slot file: no fsync, a pwrite)."""
+        dirs = self.dirs
+        slots = self._presence.get(agent)
+        if slots is None:
+            slots = self._presence[agent] = SlotFile(
+                lambda: dirs.get("presence"), f"{agent}.slot", f"presence of {agent!r}"
+            )
+        slots.save(record)
+
+    def load_presence(self, agent: str) -> bytes | None:
+        """The last presence record saved for ``agent`` (None: never)."""
+        dirs = self.dirs
+        return SlotFile(
+            lambda: dirs.get("presence"), f"{agent}.slot", f"presence of {agent!r}"
+        ).load()
+
+    # -- inboxes ---------------------------------------------------------------------------
+
+    def _log(self, agent: str) -> InboxLog:
+        log = self._logs.get(agent)
+        if log is None:
+            log = self._logs[agent] = InboxLog(self.dirs, agent, _DeadLetters(self.dirs, agent))
+        return log
+
+    def append(self, agent: str, head: bytes, tail: bytes) -> tuple[str, int]:
+        try:
+            return self._log(agent).append(head, tail, self.durable)
+        except OSError as exc:
+            raise store_error(exc, f"inbox {self.inbox_path(agent)}", "append to") from None
+
+    def read(self, agent: str, offset: int, *, skip_collected: bool = False) -> tuple[bytes, int]:
+        try:
+            return self._log(agent).read(offset, skip_collected)
+        except OSError as exc:
+            raise store_error(exc, f"inbox {self.inbox_path(agent)}", "read") from None
+
+    def read_tail(self, agent: str, lines: int) -> tuple[list[bytes], int]:
+        try:
+            return self._log(agent).read_tail(lines)
+        except OSError as exc:
+            raise store_error(exc, f"inbox {self.inbox_path(agent)}", "read") from None
+
+    def read_line(self, agent: str, offset: int, length: int) -> bytes | None:
+        try:
+            return self._log(agent).read_line(offset, length)
+        except OSError as exc:
+            raise store_error(exc, f"inbox {self.inbox_path(agent)}", "read") from None
+
+    def _index_fd(self, key: str) -> int:
+        if not _INDEX_KEY.fullmatch(key):
+            raise StoreError(f"invalid index key {key!r}")
+        fd = self._indexes.get(key)
+        if fd is None or self.dirs.generation != self._generation:
+            self._fresh()
+            fd = open_file(
+                f"{key}.idx", os.O_RDWR | os.O_APPEND | os.O_CREAT, self.dirs.get("index")
+            )
+            self._indexes[key] = fd
+        return fd
+
+    def index_add(self, key: str, agent: str, offset: int, length: int) -> None:
+        """Append one fixed-width entry (the inbox, offset, length) to ``index/KEY.idx``.
+
+        Entries are ``_ENTRY.size`` bytes, so the last N are one pread from the end. A
+        write cut short (a full disk) is cut back, so every entry stays aligned.
+        """
+        record = _ENTRY.pack(agent.encode(), offset, length)
+        try:
+            fd = self._index_fd(key)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                size = os.fstat(fd).st_size
+                if size % _ENTRY.size:  # an entry cut short earlier: realign first
+                    os.ftruncate(fd, size - size % _ENTRY.size)
+                try:
+                    write_all(fd, record)
+                except OSError:
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(fd, size - size % _ENTRY.size)
+                    raise
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        except OSError as exc:
+            raise store_error(exc, str(self.dirs.path("index", f"{key}.idx")), "write") from None
+
+    def index_tail(self, key: str, count: int) -> list[tuple[str, int, int]]:
+        try:
+            fd = self._index_fd(key)
+            whole = os.fstat(fd).st_size // _ENTRY.size
+            first = max(0, whole - count)
+            data = os.pread(fd, (whole - first) * _ENTRY.size, first * _ENTRY.size)
+        except OSError as exc:
+            raise store_error(exc, str(self.dirs.path("index", f"{key}.idx")), "read") from None
+        entries = []
+        for start in range(0, len(data) - _ENTRY.size + 1, _ENTRY.size):
+            agent, offset, length = _ENTRY.unpack_from(data, start)
+            entries.append((agent.rstrip(b"\0").decode(), offset, length))
+        return entries
+
+    def size(self, agent: str) -> int:
+        try:
+            return self._log(agent).size()
+        except OSError as exc:
+            raise store_error(exc, f"inbox {self.inbox_path(agent)}", "read") from None
+
+    def collectable(self, agent: str, floor: int) -> int:
+        log = self._logs.get(agent)
+        return log.collectable(floor) if log is not None else 0
+
+    def compact(self, agent: str, min_bytes: int = 1, *, timeout: float = 0.0) -> Compaction:
+        """Drop the lines ``agent`` has consumed from the front of its inbox.
+
+        Cuts at the owner's committed cursor floor, so nothing unread (nor anything read out
+        of order above the floor) is dropped, and every logical offset stays valid. Senders
+        wait on the inbox lock while the unconsumed part is copied, then follow the new
+        inode. Does nothing when fewer than ``min_bytes`` are consumed. A torn tail left by
+        a killed sender is set aside first, as a sender would.
+
+        Example:
+            >>> store.compact("lead")          # doctest: +SKIP
+            Compaction(agent='lead', removed=5120, kept=310, base=5120, messages=16)
+        """
+        log = self._log(agent)
+
+        def floor_of(inode: int) -> int | None:
+            floor, cursor_inode, _ = self._load_cursor(agent)
+            return floor if log.follows(cursor_inode, inode) else None
+
+        try:
+            return log.compact(floor_of, min_bytes, timeout, self.durable)
+        except OSError as exc:
+            raise store_error(exc, f"inbox {self.inbox_path(agent)}", "compact") from None
+
+    def inbox_state(self, agent: str) -> InboxState:
+        """Size, base, and whether the inbox is locked now or ends in a torn line."""
+        try:
+            return self._log(agent).state()
+        except OSError as exc:
+            raise store_error(exc, f"inbox {self.inbox_path(agent)}", "read") from None
+
+    def waiter(self, agents: list[str]) -> Watcher:
+        """A watcher woken by changes to these agents' inboxes (and their replacement)."""
+        self.dirs.get("mailbox", create=False)  # a missing or deleted team: a clear error now
+        return Watcher(self.dirs.path("mailbox"), [f"{agent}.jsonl" for agent in agents])
+
+    # -- cursors ---------------------------------------------------------------------------
+
+    def _fresh(self) -> None:
+        """After the team was deleted and made again, forget what belonged to the old one:
+        kept cursor descriptors, and claims (taken again on the new team's lock)."""
+        if self._generation == self.dirs.generation:
+            return
+        self._generation = self.dirs.generation
+        for slots in self._cursors.values():
+            slots.close()
+        self._cursors.clear()
+        _close_indexes(self._indexes)
+        for slots in self._presence.values():
+            slots.close()
+        self._presence.clear()
+        agents = list(self._claimed)
+        for agent in agents:
+            self.release(agent)
+        for agent in agents:
+            self.claim(agent)
+
+    def _cursor_file(self, agent: str) -> SlotFile:
+        self._fresh()
+        slots = self._cursors.get(agent)
+        if slots is None:
+            dirs = self.dirs  # not self: the finalizer holds the slot files, not the store
+            slots = self._cursors[agent] = SlotFile(
+                lambda: dirs.get("cursors"),
+                f"{agent}.cursor",
+                f"cursor {self.cursor_path(agent)}",
+                _legacy_cursor,
+            )
+        return slots
+
+    def _load_cursor(self, agent: str) -> tuple[int, int, set[int]]:
+        payload = self._cursor_file(agent).load()
+        if payload is None:
+            return 0, 0, set()
+        floor, inode, count = _CURSOR.unpack_from(payload)
+        acked = set(struct.unpack_from(f"<{count}q", payload, _CURSOR.size))
+        return floor, inode, acked
+
+    def load_cursor(self, agent: str) -> Cursor:
+        """The owner's persisted cursor (the inbox start when it never committed, or when
+        the cursor belongs to an inbox that was since replaced)."""
+        try:
+            floor, inode, acked = self._load_cursor(agent)
+            log = self._log(agent)
+            current, base = log.current()
+            # The cursor belongs to this inbox when gc's record links the two, or when the
+            # inbox's offsets go on from it (a gc under way may have rewritten the record).
+            related = inode == current or log.follows(inode, current) or 0 < base <= floor
+            if not related:
+                import warnings
+
+                warnings.warn(
+                    f"the cursor of {agent!r} belongs to an inbox that was replaced: "
+                    "reading the new inbox from its start",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                return Cursor(base)
+        except OSError as exc:
+            raise store_error(exc, f"cursor {self.cursor_path(agent)}", "read") from None
+        if floor < base:  # no cursor (deleted to re-read): start at what gc kept
+            return Cursor(base, {start for start in acked if start >= base})
+        return Cursor(floor, acked)
+
+    def save_cursor(self, agent: str, cursor: Cursor) -> None:
+        """Persist ``cursor``: afterwards a crash leaves the old cursor or this one.
+
+        A failed write raises `StoreError` and leaves the old cursor in force.
+        """
+        acked = sorted(cursor.acked)
+        try:
+            inode = self._log(agent).current_inode()
+            payload = _CURSOR.pack(cursor.floor, inode, len(acked)) + struct.pack(
+                f"<{len(acked)}q", *acked
+            )
+            self._cursor_file(agent).save(payload)
+        except OSError as exc:
+            raise store_error(
+                exc, f"cursor {self.cursor_path(agent)}", "save", "nothing was consumed"
+            ) from None
+
+    # -- one consumer per inbox --------------------------------------------------------------
+
+    def claim(self, agent: str) -> None:
+        """Become the one consumer of ``agent``'s inbox for this process (see `TeamStore`).
+
+        The claim is an flock on ``consumers/<agent>.lock``: the kernel drops it when the
+        process dies, so a killed consumer never keeps an inbox. The pid written in the
+        file only names the holder in the error; the lock is what counts.
+        """
+        self._fresh()
+        if agent in self._claimed:
+            return
+        try:
+            key = (*_dir_key(self.dirs.root_fd()), agent)
+            held = _claims.get(key)
+            if held is not None and held[0] == os.getpid():
+                held[2] += 1
+            else:
+                fd = open_file(f"{agent}.lock", os.O_RDWR | os.O_CREAT, self.dirs.get("consumers"))
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
+                    os.close(fd)
+                    raise InboxBusy(
+                        f"the inbox of {agent!r} in team {self.team!r} is being consumed by "
+                        f"process {holder}: one consumer per inbox; stop that one first, or "
+                        "look without consuming with 'ralph-mail tail' or 'read --peek'",
+                        int(holder) if holder.isdigit() else None,
+                    ) from None
+                except BaseException:
+                    os.close(fd)
+                    raise
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                _claims[key] = [os.getpid(), fd, 1]
+        except OSError as exc:
+            raise store_error(
+                exc, str(self.dirs.path("consumers", f"{agent}.lock")), "claim"
+            ) from None
+        self._claimed[agent] = key
+
+    def release(self, agent: str) -> None:
+        key = self._claimed.pop(agent, None)
+        if key is not None:
+            _release(key)
+
+    def consumer(self, agent: str) -> int | None:
+        """The pid of the process consuming ``agent``'s inbox now, or None."""
+        try:
+            fd = open_file(f"{agent}.lock", os.O_RDONLY, self.dirs.get("consumers"))
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise store_error(
+                exc, str(self.dirs.path("consumers", f"{agent}.lock")), "read"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            return int(holder) if holder.isdigit() else -1
+        finally:
+            os.close(fd)
+        return None
+
+    # -- dead letters ----------------------------------------------------------------------
+
+    def dead_letter(self, agent: str, offset: int, line: bytes, reason: str) -> None:
+        """Record a line of ``agent``'s inbox that was set aside, and why."""
+        _DeadLetters(self.dirs, agent)(offset, line, reason)
+
+    def dead_letters(self, agent: str) -> list[dict[str, Any]]:
+        """Every dead letter recorded for ``agent``'s inbox, oldest first."""
+        try:
+            data = read_file(f"{agent}.jsonl", self.dirs.get("deadletters"))
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise store_error(exc, f"dead letters {self.deadletter_path(agent)}", "read") from None
+        records = []
+        for line in data.splitlines():
+            try:
+                records.append(orjson.loads(line))
+            except orjson.JSONDecodeError:
+                if line.strip():  # a record torn by a kill: keep what it says
+                    text = line.decode("utf-8", "backslashreplace")
+                    records.append({"reason": "damaged dead-letter record", "line": text})
+        return records
+
+    # -- small keyed state -----------------------------------------------------------------
+
+    def load_state(self, key: str) -> bytes | None:
+        """The bytes last saved under ``key`` (a name), or None when nothing was."""
+        check_name(key, "state key")
+        try:
+            return read_file(f"{key}.json", self.dirs.get("state"))
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise store_error(exc, str(self.dirs.path("state", f"{key}.json")), "read") from None
+
+    def save_state(self, key: str, data: bytes) -> None:
+        """Replace what is saved under ``key`` with ``data``, atomically and durably."""
+        check_name(key, "state key")
+        try:
+            replace_file(f"{key}.json", data, self.dirs.get("state"))
+        except OSError as exc:
+            raise store_error(exc, str(self.dirs.path("state", f"{key}.json")), "save") from None
+
+    # -- maintenance -----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def maintenance_lock(self, timeout: float) -> Iterator[None]:
+        """Hold the team's ``gc.lock`` (filelock) for a maintenance run; `LockTimeout` after
+        ``timeout`` seconds.
+
+        filelock is right here and not on the send path: it costs 49 µs per acquire against
+        0.6 µs for a raw flock, which only matters per message. The lock file is never
+        unlinked: unlinking a locked file would split waiters across two inodes.
+        """
+        from filelock import FileLock, Timeout
+
+        path = self.dirs.path("gc.lock")
+        self.dirs.root_fd()  # the team exists and is no symlink
+        if path.is_symlink():
+            raise StoreError(f"{path} is a symlink: refusing to follow it; remove it", path)
+        lock = FileLock(path, timeout=timeout, mode=0o600, preserve_lock_file=True)
+        try:
+            lock.acquire()
+        except Timeout:
+            raise LockTimeout(
+                f"another gc of this team holds {path} (waited {timeout:g} s): "
+                "let it finish, or find it with 'ralph-mail doctor'",
+                path,
+            ) from None
+        except OSError as exc:
+            raise store_error(exc, str(path), "take the gc lock") from None
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def stale_temp_files(self) -> list[Path]:
+        """Temp files (``.NAME.PID.gc`` or ``.tmp``) whose writer died before its rename."""
+        stale = []
+        for sub in ("tmp", "bases", "cursors", "state"):
+            try:
+                names = sorted(os.listdir(self.dirs.path(sub)))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except OSError as exc:
+                raise store_error(exc, str(self.dirs.path(sub)), "list") from None
+            for name in names:
+                parts = name.rsplit(".", 2)
+                if not name.startswith(".") or len(parts) < 3 or parts[2] not in ("gc", "tmp"):
+                    continue
+                if not (parts[1].isdigit() and pid_alive(int(parts[1]))):
+                    stale.append(self.dirs.path(sub, name))
+        return stale
+
+    def close(self) -> None:
+        """Close every kept descriptor and give up claims (those inherited through fork
+        are left alone)."""
+        for slots in self._presence.values():
+            slots.close()
+        self._presence.clear()
+        _close_all(self._logs, self._cursors, self._claimed, self._indexes, self.dirs)
+
+
+class _DeadLetters:
+    """Writes the dead letters of one inbox (a callable, handed to the inbox log)."""
+
+    def __init__(self, dirs: TeamDirs, agent: str) -> None:
+        self._dirs = dirs
+        self._agent = agent
+
+    def __call__(self, offset: int, line: bytes, reason: str) -> None:
+        agent = self._agent
+        record = {
+            "ts": format_ts(time.time_ns() // 1000),
+            "inbox": agent,
+            "offset": offset,
+            "reason": reason,
+            "line": line.decode("utf-8", "backslashreplace"),
+        }
+        data = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+        try:
+            fd = open_file(
+                f"{agent}.jsonl",
+                os.O_RDWR | os.O_APPEND | os.O_CREAT,
+                self._dirs.get("deadletters"),
+            )
+            try:
+                size = os.fstat(fd).st_size
+                if size and os.pread(fd, 1, size - 1) != b"\n":
+                    data = b"\n" + data  # a record torn by a kill: end it, keep this one whole
+                write_all(fd, data)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            where = self._dirs.path("deadletters", f"{agent}.jsonl")
+            raise store_error(exc, f"dead letters {where}", "write") from None
+
+
+def _dir_key(fd: int) -> tuple[int, int]:
+    status = os.fstat(fd)
+    return status.st_dev, status.st_ino
+
+
+def _release(key: tuple[int, int, str]) -> None:
+    held = _claims.get(key)
+    if held is None or held[0] != os.getpid():
+        return  # inherited through fork: the parent's claim, not ours to drop
+    held[2] -= 1
+    if held[2] <= 0:
+        os.close(held[1])
+        del _claims[key]
+
+
+def _close_all(
+    logs: dict[str, InboxLog],
+    cursors: dict[str, SlotFile],
+    claimed: dict[str, tuple[int, int, str]],
+    indexes: dict[str, int],
+    dirs: TeamDirs,
+) -> None:
+    # Takes the parts, not the store, so that it can also run as the store's finalizer.
+    for key in claimed.values():
+        _release(key)
+    claimed.clear()
+    for log in logs.values():
+        log.close()
+    for slots in cursors.values():
+        slots.close()
+    logs.clear()
+    cursors.clear()
+    _close_indexes(indexes)
+    dirs.close()
+
+
+def _close_indexes(indexes: dict[str, int]) -> None:
+    for fd in indexes.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    indexes.clear()
+
+
+class FileBackend:
+    """Teams as directories under a home (``$RALPH_HOME/teams``).
+
+    Example:
+        >>> backend = FileBackend(Path("/tmp/mail"))   # doctest: +SKIP
+        >>> backend.team_names()                        # doctest: +SKIP
+        ['demo']
+    """
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+
+    def create_team(self, name: str, agents: list[str], roster: bytes) -> None:
+        try:
+            create_team_files(self.home, name, agents, roster)
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            raise store_error(exc, f"team {name!r} in {self.home}", "create") from None
+
+    def read_roster(self, name: str) -> bytes:
+        try:
+            return read_roster(self.home, name)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            if exc.errno == errno.ENOTDIR:
+                raise FileNotFoundError(name) from None
+            raise store_error(exc, f"team {name!r} in {self.home}", "read") from None
+
+    def team_names(self) -> list[str]:
+        return team_names(self.home)
+
+    def remove_team(self, name: str) -> None:
+        try:
+            remove_team_files(self.home, name)
+        except OSError as exc:
+            raise store_error(exc, f"team {name!r} in {self.home}", "delete") from None
+
+    def team_store(self, name: str, *, durable: bool = False) -> FileStore:
+        return FileStore(self.home, name, durable=durable)

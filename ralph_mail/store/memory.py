@@ -1,0 +1,266 @@
+"""An in-memory backend: the storage seam's second implementation, inside one process.
+
+It keeps everything `TeamStore` promises in dictionaries guarded by one lock, so the
+contract suite (tests/test_store_contract.py) and the bus suite run on it as on files:
+proof that nothing above the seam depends on files. Mail lives as long as the process;
+use it in tests and for a team of threads. Select it with ``RALPH_BACKEND=memory://NAME``
+(or ``backend="memory://NAME"``): every `MessageBus` of the process naming the same
+NAME shares one place.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ralph_mail.errors import StoreError
+from ralph_mail.message import check_name, format_ts
+from ralph_mail.store.base import Compaction, Cursor
+from ralph_mail.store.watch import StopEvent
+
+_places: dict[str, MemoryBackend] = {}
+_places_lock = threading.Lock()
+
+
+def memory_backend(name: str) -> MemoryBackend:
+    """The in-memory place called ``name`` (made on first use)."""
+    with _places_lock:
+        place = _places.get(name)
+        if place is None:
+            place = _places[name] = MemoryBackend(name)
+        return place
+
+
+@dataclass
+class _Inbox:
+    data: bytearray = field(default_factory=bytearray)
+    base: int = 0
+    last_ts: str = ""
+    version: int = 0
+
+
+@dataclass
+class _Team:
+    roster: bytes
+    inboxes: dict[str, _Inbox]
+    cursors: dict[str, Cursor] = field(default_factory=dict)
+    dead: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    state: dict[str, bytes] = field(default_factory=dict)
+    indexes: dict[str, list[tuple[str, int, int]]] = field(default_factory=dict)
+    presence: dict[str, bytes] = field(default_factory=dict)
+
+
+class MemoryBackend:
+    """Teams kept in this process's memory (see the module docstring)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.changed = threading.Condition()
+        self.teams: dict[str, _Team] = {}
+
+    def create_team(self, name: str, agents: list[str], roster: bytes) -> None:
+        with self.changed:
+            if name in self.teams:
+                raise FileExistsError(name)
+            self.teams[name] = _Team(roster, {agent: _Inbox() for agent in agents})
+
+    def read_roster(self, name: str) -> bytes:
+        with self.changed:
+            if name not in self.teams:
+                raise FileNotFoundError(name)
+            return self.teams[name].roster
+
+    def team_names(self) -> list[str]:
+        with self.changed:
+            return sorted(self.teams)
+
+    def remove_team(self, name: str) -> None:
+        with self.changed:
+            del self.teams[name]
+            self.changed.notify_all()
+
+    def team_store(self, name: str, *, durable: bool = False) -> MemoryStore:
+        return MemoryStore(self, name, durable)
+
+
+class MemoryStore:
+    """One team of a `MemoryBackend`, behind `TeamStore`."""
+
+    def __init__(self, place: MemoryBackend, team: str, durable: bool) -> None:
+        self.place = place
+        self.team = team
+        self.durable = durable
+
+    def _team(self) -> _Team:
+        found = self.place.teams.get(self.team)
+        if found is None:
+            raise StoreError(f"team {self.team!r} was deleted from memory://{self.place.name}")
+        return found
+
+    def _inbox(self, agent: str) -> _Inbox:
+        inbox = self._team().inboxes.get(agent)
+        if inbox is None:
+            raise StoreError(f"no inbox for {agent!r} in team {self.team!r}")
+        return inbox
+
+    def roster(self) -> bytes:
+        with self.place.changed:
+            return self._team().roster
+
+    def update_roster(self, change: Callable[[bytes], bytes]) -> None:
+        with self.place.changed:
+            team = self._team()
+            team.roster = change(team.roster)
+
+    def save_presence(self, agent: str, record: bytes) -> None:
+        with self.place.changed:
+            self._team().presence[agent] = record
+
+    def load_presence(self, agent: str) -> bytes | None:
+        with self.place.changed:
+            return self._team().presence.get(agent)
+
+    def consumer(self, agent: str) -> int | None:
+        return None  # one process: nobody else can consume
+
+    def append(self, agent: str, head: bytes, tail: bytes) -> tuple[str, int]:
+        with self.place.changed:
+            inbox = self._inbox(agent)
+            ts = max(format_ts(time.time_ns() // 1000), inbox.last_ts)
+            offset = inbox.base + len(inbox.data)
+            inbox.data += head + ts.encode() + tail
+            inbox.last_ts = ts
+            inbox.version += 1
+            self.place.changed.notify_all()
+            return ts, offset
+
+    def read_line(self, agent: str, offset: int, length: int) -> bytes | None:
+        with self.place.changed:
+            inbox = self._inbox(agent)
+            if offset < inbox.base:
+                return None
+            start = offset - inbox.base
+            return bytes(inbox.data[start : start + length])
+
+    def index_add(self, key: str, agent: str, offset: int, length: int) -> None:
+        with self.place.changed:
+            self._team().indexes.setdefault(key, []).append((agent, offset, length))
+
+    def index_tail(self, key: str, count: int) -> list[tuple[str, int, int]]:
+        with self.place.changed:
+            entries = self._team().indexes.get(key, [])
+            return list(entries[-count:]) if count > 0 else []
+
+    def read(self, agent: str, offset: int, *, skip_collected: bool = False) -> tuple[bytes, int]:
+        with self.place.changed:
+            inbox = self._inbox(agent)
+            if offset < inbox.base:
+                if not skip_collected:
+                    raise StoreError(f"offset {offset} of {agent!r} was collected")
+                offset = inbox.base
+            data = bytes(inbox.data[offset - inbox.base :])
+            return data[: data.rfind(b"\n") + 1], offset
+
+    def read_tail(self, agent: str, lines: int) -> tuple[list[bytes], int]:
+        with self.place.changed:
+            inbox = self._inbox(agent)
+            parts = bytes(inbox.data).split(b"\n")[:-1]
+            return (parts[-lines:] if lines > 0 else []), inbox.base + len(inbox.data)
+
+    def size(self, agent: str) -> int:
+        with self.place.changed:
+            inbox = self._inbox(agent)
+            return inbox.base + len(inbox.data)
+
+    def load_cursor(self, agent: str) -> Cursor:
+        with self.place.changed:
+            saved = self._team().cursors.get(agent, Cursor(self._inbox(agent).base))
+            return Cursor(saved.floor, set(saved.acked))
+
+    def save_cursor(self, agent: str, cursor: Cursor) -> None:
+        with self.place.changed:
+            self._team().cursors[agent] = Cursor(cursor.floor, set(cursor.acked))
+
+    def claim(self, agent: str) -> None:
+        self._inbox(agent)  # one process holds the whole place: the claim is its own
+
+    def release(self, agent: str) -> None:
+        pass
+
+    def dead_letter(self, agent: str, offset: int, line: bytes, reason: str) -> None:
+        record = {"ts": format_ts(time.time_ns() // 1000), "inbox": agent, "offset": offset,
+                  "reason": reason, "line": line.decode("utf-8", "backslashreplace")}  # fmt: skip
+        with self.place.changed:
+            self._team().dead.setdefault(agent, []).append(record)
+
+    def dead_letters(self, agent: str) -> list[dict[str, Any]]:
+        with self.place.changed:
+            return list(self._team().dead.get(agent, []))
+
+    def compact(self, agent: str, min_bytes: int = 1, *, timeout: float = 0.0) -> Compaction:
+        with self.place.changed:
+            inbox = self._inbox(agent)
+            floor = self._team().cursors.get(agent, Cursor(inbox.base)).floor
+            cut = floor - inbox.base
+            if cut < max(min_bytes, 1):
+                return Compaction(agent, 0, len(inbox.data), inbox.base)
+            dropped = inbox.data[:cut].count(b"\n")
+            del inbox.data[:cut]
+            inbox.base = floor
+            return Compaction(agent, cut, len(inbox.data), inbox.base, dropped)
+
+    def collectable(self, agent: str, floor: int) -> int:
+        with self.place.changed:
+            return floor - self._inbox(agent).base
+
+    def waiter(self, agents: list[str]) -> _Waiter:
+        return _Waiter(self, agents)
+
+    def load_state(self, key: str) -> bytes | None:
+        check_name(key, "state key")
+        with self.place.changed:
+            return self._team().state.get(key)
+
+    def save_state(self, key: str, data: bytes) -> None:
+        check_name(key, "state key")
+        with self.place.changed:
+            self._team().state[key] = bytes(data)
+
+    def close(self) -> None:
+        pass
+
+
+class _Waiter:
+    """Wakes when one of its inboxes got a line since the last wait (or since made)."""
+
+    def __init__(self, store: MemoryStore, agents: list[str]) -> None:
+        self._store = store
+        self._agents = agents
+        self._seen = self._versions()
+
+    def _versions(self) -> tuple[int, ...]:
+        team = self._store.place.teams.get(self._store.team)
+        if team is None:
+            return ()
+        return tuple(team.inboxes[agent].version for agent in self._agents)
+
+    def wait(self, timeout: float, stop: StopEvent | None = None) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._store.place.changed:
+            while self._versions() == self._seen:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or (stop is not None and stop.is_set()):
+                    return False
+                # A stop event cannot notify the condition: look at it every 50 ms.
+                self._store.place.changed.wait(min(remaining, 0.05) if stop else remaining)
+            self._seen = self._versions()
+            return True
+
+    def close(self) -> None:
+        pass
+
+
+__all__ = ["MemoryBackend", "MemoryStore", "memory_backend"]

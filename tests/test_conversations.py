@@ -1,0 +1,146 @@
+"""Conversations on the bus: reply, ask, the chain and its depth limit (DESIGN §8.2)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from ralph_mail import MessageBus, MessageType, Team
+from ralph_mail.errors import DepthLimit, InvalidMessage, NoReply
+
+
+def answer_requests(team: Team, agent: str, count: int) -> threading.Thread:
+    """A thread that answers ``count`` requests to ``agent`` with 're: QUESTION'."""
+
+    def serve() -> None:
+        bus = MessageBus(team.name, agent)
+        answered = 0
+        while answered < count:
+            for message in bus.wait_for_messages(timeout=30):
+                if message.type == MessageType.REQUEST:
+                    bus.reply(message, f"re: {message.content}")
+                    answered += 1
+        bus.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_reply_answers_in_the_thread_of_the_message(team: Team) -> None:
+    """A reply goes to the sender, with reply_to and the thread of what it answers."""
+    asked = MessageBus("demo", "worker-1").send("lead", "text", "hello", thread="abcdefabcdef")
+    answer = MessageBus("demo", "lead").reply(asked, "hi")
+    assert (answer.to_agent, answer.type, answer.reply_to) == ("worker-1", "reply", asked.id)
+    assert answer.thread == "abcdefabcdef"
+
+
+def test_ask_returns_the_reply_and_consumes_it_alone(team: Team) -> None:
+    """ask blocks until its reply; the reply is consumed, other mail stays unread."""
+    server = answer_requests(team, "worker-1", 1)
+    asker = MessageBus("demo", "lead")
+    MessageBus("demo", "worker-2").send("lead", "text", "unrelated")
+    answer = asker.ask("worker-1", "Q4 revenue?", context="investor update", timeout=30)
+    server.join(30)
+    assert (answer.content, answer.type) == ("re: Q4 revenue?", "reply")
+    assert [m.content for m in asker.poll()] == ["unrelated"]
+
+
+def test_the_request_carries_context_priority_and_chain(team: Team) -> None:
+    """The request has metadata.context, the priority and the chain ending in the asker."""
+    server = answer_requests(team, "worker-1", 1)
+    asker = MessageBus("demo", "lead")
+    asker.ask("worker-1", "why?", context="because", priority="high", timeout=30)
+    server.join(30)
+    request = next(m for m in MessageBus("demo", "worker-1").store.read_tail("worker-1", 1)[0])
+    assert b'"context":"because"' in request and b'"priority":"high"' in request
+    assert b'"chain":["lead"]' in request
+
+
+def test_many_asks_in_flight_each_get_their_own_reply(team: Team) -> None:
+    """Asks from several threads at once are each answered with their own reply."""
+    server = answer_requests(team, "worker-1", 8)
+    asker = MessageBus("demo", "lead")
+    answers: dict[int, str] = {}
+
+    def ask(n: int) -> None:
+        answers[n] = asker.ask("worker-1", f"q{n}", timeout=30).content
+
+    threads = [threading.Thread(target=ask, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    server.join(30)
+    assert answers == {n: f"re: q{n}" for n in range(8)}
+
+
+def test_no_reply_in_time_raises_no_reply(team: Team) -> None:
+    """An unanswered ask raises NoReply, a TimeoutError, naming the agent and the fix."""
+    with pytest.raises(NoReply, match="worker-1 did not answer within 0.05 s") as caught:
+        MessageBus("demo", "lead").ask("worker-1", "anyone?", timeout=0.05)
+    assert isinstance(caught.value, TimeoutError)
+
+
+def test_asking_yourself_is_refused_before_anything_is_written(team: Team) -> None:
+    """ask to oneself raises InvalidMessage and writes nothing."""
+    with pytest.raises(InvalidMessage, match="asking itself"):
+        MessageBus("demo", "lead").ask("lead", "me?")
+    assert MessageBus("demo", "lead").store.size("lead") == 0
+
+
+def test_a_request_deeper_than_max_depth_is_refused(
+    team: Team, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With RALPH_CHAIN already 3 deep, a further ask raises DepthLimit; nothing written."""
+    monkeypatch.setenv("RALPH_CHAIN", "worker-2,lead,worker-2")
+    with pytest.raises(DepthLimit, match=r"maximum agent communication depth \(3\)"):
+        MessageBus("demo", "lead").ask("worker-1", "deeper?")
+    assert MessageBus("demo", "worker-1").store.size("worker-1") == 0
+
+
+def test_a_bad_ralph_chain_is_a_clear_error(team: Team, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A RALPH_CHAIN with a bad name is refused, naming the variable."""
+    monkeypatch.setenv("RALPH_CHAIN", "ok,../bad")
+    with pytest.raises(InvalidMessage, match="RALPH_CHAIN"):
+        MessageBus("demo", "lead")
+
+
+def test_history_is_both_directions_oldest_first(team: Team) -> None:
+    """history(X, n) is the last n messages between me and X, both ways, oldest first."""
+    lead, worker = MessageBus("demo", "lead"), MessageBus("demo", "worker-1")
+    for n in range(5):
+        lead.send("worker-1", "text", f"L{n}")
+        worker.send("lead", "text", f"W{n}")
+        MessageBus("demo", "worker-2").send("lead", "text", "noise")
+    assert [m.content for m in lead.history("worker-1", 4)] == ["L3", "W3", "L4", "W4"]
+    assert [m.content for m in worker.history("lead", 2)] == ["L4", "W4"]
+
+
+def test_history_reads_only_what_it_returns(team: Team, monkeypatch: pytest.MonkeyPatch) -> None:
+    """history(X, 3) reads 3 index entries and 3 lines, however much other mail there is."""
+    lead = MessageBus("demo", "lead")
+    noise = MessageBus("demo", "worker-2")
+    for n in range(3):
+        MessageBus("demo", "worker-1").send("lead", "text", f"x{n}")
+    for n in range(2000):
+        noise.send("lead", "text", "buried")
+    reads: list[int] = []
+    store = lead.store
+    real = store.read_line
+    monkeypatch.setattr(store, "read_line", lambda *a: reads.append(1) or real(*a))
+    assert [m.content for m in lead.history("worker-1", 3)] == ["x0", "x1", "x2"]
+    assert len(reads) == 3
+
+
+def test_thread_gathers_a_request_and_its_reply(team: Team) -> None:
+    """thread(id) of an answered ask is the request, then the reply."""
+    server = answer_requests(team, "worker-1", 1)
+    asker = MessageBus("demo", "lead")
+    answer = asker.ask("worker-1", "which?", timeout=30)
+    server.join(30)
+    assert [(m.type, m.content) for m in asker.thread(answer.thread)] == [
+        ("request", "which?"),
+        ("reply", "re: which?"),
+    ]

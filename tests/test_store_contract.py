@@ -1,0 +1,204 @@
+"""The storage contract: what every backend behind `TeamStore` must do.
+
+Each test runs once per backend (the ``backend`` parameter); a new backend joins the list
+in `make_store` and must pass the same suite, as huey's backends pass its StorageTests.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from ralph_mail.errors import InboxBusy, MailError
+from ralph_mail.message import encode_parts
+from ralph_mail.store import Cursor, FileStore, TeamStore, backend
+
+#: Every backend the suite runs on; ``memory`` keeps its place in the test process.
+BACKENDS = ["file", "memory"]
+
+
+def backend_url(kind: str, tmp_path: Path) -> str:
+    """The URL that selects backend ``kind`` for one test (a fresh place each time)."""
+    return "" if kind == "file" else f"memory://{tmp_path.name}-{id(tmp_path)}"
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> TeamStore:
+    """A team 'c' with inboxes a and b, in a fresh place of the backend under test."""
+    place = backend(tmp_path / "home", backend_url(request.param, tmp_path))
+    place.create_team("c", ["a", "b"], b'{"name": "c", "lead": "a", "members": []}')
+    made = place.team_store("c")
+    request.addfinalizer(made.close)
+    return made
+
+
+def line(text: str) -> tuple[bytes, bytes]:
+    envelope = {"id": "0123456789ab", "from": "a", "to": "b", "type": "text",
+                "content": text, "metadata": {}, "ts": ""}  # fmt: skip
+    return encode_parts(envelope, 1 << 20)
+
+
+def lines_from(store: TeamStore, agent: str, offset: int = 0) -> list[bytes]:
+    out: list[bytes] = []
+    while True:
+        data, offset = store.read(agent, offset)
+        if not data:
+            return out
+        out += data.split(b"\n")[:-1]
+        offset += len(data)
+
+
+def test_append_returns_increasing_timestamps_and_offsets(store: TeamStore) -> None:
+    """Each append returns its ts (never decreasing) and the offset its line starts at."""
+    done = [store.append("b", *line(str(n))) for n in range(50)]
+    stamps = [ts for ts, _ in done]
+    assert stamps == sorted(stamps) and all(s.endswith("Z") for s in stamps)
+    lines = lines_from(store, "b")
+    starts = [sum(len(x) + 1 for x in lines[:n]) for n in range(50)]
+    assert [offset for _, offset in done] == starts
+
+
+def test_read_line_returns_the_line_at_an_offset(store: TeamStore) -> None:
+    """read_line(offset, length) is exactly the line appended there."""
+    store.append("b", *line("first"))
+    head, tail = line("second")
+    _, offset = store.append("b", head, tail)
+    found = store.read_line("b", offset, len(head) + 27 + len(tail))
+    assert found is not None and b'"second"' in found and found.endswith(b"\n")
+
+
+def test_index_tail_returns_the_last_entries_oldest_first(store: TeamStore) -> None:
+    """index_tail(key, n) is the last n entries added under key, oldest first."""
+    for n in range(10):
+        store.index_add("pair+a+b", "b" if n % 2 else "a", n * 100, 50)
+    assert store.index_tail("pair+a+b", 3) == [("b", 700, 50), ("a", 800, 50), ("b", 900, 50)]
+    assert store.index_tail("pair+x+y", 3) == []
+
+
+def test_read_returns_whole_lines_in_append_order(store: TeamStore) -> None:
+    """A read from 0 returns every appended line, in order, each whole."""
+    for n in range(20):
+        store.append("b", *line(f"m{n}"))
+    got = lines_from(store, "b")
+    assert [b'"m%d"' % n in got[n] for n in range(20)] == [True] * 20
+
+
+def test_read_from_the_end_returns_nothing(store: TeamStore) -> None:
+    """Reading at the end offset returns no bytes and the same offset."""
+    store.append("b", *line("x"))
+    end = store.size("b")
+    assert store.read("b", end) == (b"", end)
+
+
+def test_read_tail_returns_the_last_lines_and_the_end(store: TeamStore) -> None:
+    """read_tail(n) is the last n lines, and the offset after them is the end."""
+    for n in range(30):
+        store.append("b", *line(f"m{n}"))
+    tail, end = store.read_tail("b", 3)
+    assert [b'"m27"' in tail[0], b'"m29"' in tail[2], len(tail)] == [True, True, 3]
+    assert end == store.size("b")
+
+
+def test_inboxes_are_separate(store: TeamStore) -> None:
+    """An append to one inbox is not seen in another."""
+    store.append("b", *line("for b"))
+    assert lines_from(store, "a") == []
+
+
+def test_cursor_round_trips(store: TeamStore) -> None:
+    """A saved cursor (floor and out-of-order marks) loads back equal."""
+    store.append("b", *line("x"))
+    store.append("b", *line("y"))
+    first = len(lines_from(store, "b")[0]) + 1
+    store.save_cursor("b", Cursor(first, {first + 5}))
+    assert store.load_cursor("b") == Cursor(first, {first + 5})
+
+
+def test_a_new_cursor_starts_at_the_inbox_start(store: TeamStore) -> None:
+    """With nothing saved, the cursor is at the first kept offset."""
+    assert store.load_cursor("b") == Cursor(0)
+
+
+def test_compaction_keeps_offsets_and_unread_lines(store: TeamStore) -> None:
+    """Dropping the consumed front keeps the unread lines at their offsets."""
+    for n in range(10):
+        store.append("b", *line(f"m{n}"))
+    before = lines_from(store, "b")
+    floor = sum(len(x) + 1 for x in before[:6])
+    store.save_cursor("b", Cursor(floor))
+    done = store.compact("b")
+    assert (done.removed, done.messages) == (floor, 6)
+    assert lines_from(store, "b", floor) == before[6:]
+    assert store.size("b") == sum(len(x) + 1 for x in before)
+
+
+def test_state_round_trips_and_replaces(store: TeamStore) -> None:
+    """save_state replaces the bytes under a key; load_state returns None for none."""
+    assert store.load_state("lead.state") is None
+    store.save_state("lead.state", b"one")
+    store.save_state("lead.state", b"two")
+    assert store.load_state("lead.state") == b"two"
+
+
+def test_state_keys_are_names(store: TeamStore) -> None:
+    """A key that is not a name (a path) is refused."""
+    with pytest.raises(MailError):
+        store.save_state("../x", b"no")
+
+
+def test_claim_is_reentrant_in_a_process(store: TeamStore) -> None:
+    """The one consumer is a process: claiming twice from it works."""
+    store.claim("b")
+    store.claim("b")
+    store.release("b")
+
+
+def test_claim_is_refused_to_a_second_process(store: TeamStore, tmp_path: Path) -> None:
+    """A second process's claim is refused with InboxBusy naming this process."""
+    import multiprocessing
+    import os
+
+    if not isinstance(store, FileStore):
+        pytest.skip("an in-memory place lives in one process")
+    store.claim("b")
+    context = multiprocessing.get_context("spawn")
+    result = context.Queue()
+    child = context.Process(target=_claim_in_child, args=(str(tmp_path / "home"), result))
+    child.start()
+    child.join(60)
+    assert result.get(timeout=60) == f"busy {os.getpid()}"
+    store.release("b")
+
+
+def _claim_in_child(home: str, result: object) -> None:
+    place = backend(Path(home))
+    try:
+        place.team_store("c").claim("b")
+        result.put("claimed")  # type: ignore[attr-defined]
+    except InboxBusy as exc:
+        result.put(f"busy {exc.pid}")  # type: ignore[attr-defined]
+
+
+def test_waiter_wakes_on_its_inbox(store: TeamStore) -> None:
+    """A waiter on b wakes when b gets a line."""
+    waiter = store.waiter(["b"])
+    try:
+        timer = threading.Timer(0.05, lambda: store.append("b", *line("wake")))
+        timer.start()
+        assert waiter.wait(30.0)
+        timer.join()
+    finally:
+        waiter.close()
+
+
+def test_waiter_ignores_other_inboxes(store: TeamStore) -> None:
+    """A waiter on b is not woken by appends to a."""
+    waiter = store.waiter(["b"])
+    try:
+        for n in range(20):
+            store.append("a", *line(str(n)))
+        assert not waiter.wait(0.2)
+    finally:
+        waiter.close()
