@@ -427,3 +427,15 @@ def test_a_dead_letter_record_torn_by_a_kill_does_not_swallow_the_next(team: Tea
     letters = FileStore(team.home, team.name).dead_letters("lead")
     assert [str(x["reason"])[:7] for x in letters] == ["damaged", "not val"]
     record(faults=1)
+
+
+def test_an_index_entry_cut_short_is_stepped_over(team: Team) -> None:
+    """A fragment of an index entry (a write cut short by a full disk) hides no other entry."""
+    store = FileStore(team.home, team.name)
+    store.index_add("pair+lead+worker-1", "lead", 0, 10)
+    with open(team.store.root / "index" / "pair+lead+worker-1.idx", "ab") as index:
+        index.write(b"\xa5\x5a" + b"\0" * 30)  # half an entry
+    store.index_add("pair+lead+worker-1", "worker-1", 10, 20)
+    assert store.index_tail("pair+lead+worker-1", 5) == [("lead", 0, 10), ("worker-1", 10, 20)]
+    store.close()
+    record(faults=1)
