@@ -164,12 +164,13 @@ class TeamAgent:
     ) -> Task | None:
         """The task in hand; without one, wait for an assignment while handling the inbox.
 
-        Returns None when the agent accepted a shutdown (`stopping`), after ``timeout``
-        seconds (None: no limit), or when ``stop`` is set.
+        Returns None when the agent accepted a shutdown, after ``timeout`` seconds
+        (None: no limit), or when ``stop`` is set; `stopping` tells a shutdown apart.
 
         Example:
-            >>> while (task := agent.next_task()) is not None:  # doctest: +SKIP
-            ...     work_on(task); agent.finish_task()
+            >>> while not agent.stopping:                      # doctest: +SKIP
+            ...     if (task := agent.next_task(timeout=30)) is not None:
+            ...         work_on(task); agent.finish_task("done")
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:

@@ -201,9 +201,9 @@ class MessageBus:
         recipient = self._recipient(to)
         envelope = self._envelope(recipient, type, content, metadata, reply_to, id)
         _extend(envelope, thread, priority, ack, visibility, chain)
-        self._touch()
         head, tail = encode_parts(envelope, self.max_message_bytes)
         envelope["ts"], offset = self._store.append(recipient, head, tail)
+        self._touch()
         message = from_envelope(envelope)
         self._index(message, offset, len(head) + len(TS_PLACEHOLDER) + len(tail))
         return message
@@ -211,13 +211,18 @@ class MessageBus:
     def _index(self, message: Message, offset: int, length: int) -> None:
         """Note where a direct message is, for `history` and `thread`.
 
-        After the append, not under its lock: a process killed in between leaves the
-        message delivered but missing from history (never the other way round).
+        After the append, not under its lock: a process killed in between, or an index
+        that cannot be written, leaves the message delivered but missing from history
+        (never the other way round).
         """
         recipient = message.to_agent
-        self._store.index_add(_pair_key(self.agent, recipient), recipient, offset, length)
-        if message.thread != message.id or message.type in _THREAD_STARTERS:
-            self._store.index_add(f"thread+{message.thread}", recipient, offset, length)
+        try:
+            self._store.index_add(_pair_key(self.agent, recipient), recipient, offset, length)
+            if message.thread != message.id or message.type in _THREAD_STARTERS:
+                self._store.index_add(f"thread+{message.thread}", recipient, offset, length)
+        except MailError as exc:  # the message is delivered: a send that returned stays so
+            warnings.warn(f"{exc}; message {message.id} is missing from history",
+                          RuntimeWarning, stacklevel=4)  # fmt: skip
 
     def history(self, with_agent: str, limit: int = 20) -> list[Message]:
         """The last ``limit`` messages between me and ``with_agent``, both directions,
@@ -427,8 +432,8 @@ class MessageBus:
         """
         envelope = self._envelope(BROADCAST_ADDRESS, type, content, metadata, None, id)
         _extend(envelope, None, priority, ack, visibility)
-        self._touch()
         head, tail = encode_parts(envelope, self.max_message_bytes)
+        self._touch()
         delivered: list[str] = []
         failed: list[str] = []
         reason = ""

@@ -45,21 +45,20 @@ from typing import Any
 
 import orjson
 
-from ralph_mail import protocol, store
+from ralph_mail import protocol
 from ralph_mail.bus import MessageBus
 from ralph_mail.errors import InvalidMessage, MailError, ProtocolError, StoreError
 from ralph_mail.message import Message, MessageType, check_name
 from ralph_mail.settings import (
     HANDLED_IDS_KEPT,
     PLAN_REVIEW_TIMEOUT_S,
-    RECOVERY_SCAN_LINES,
     SHUTDOWN_RETRY_S,
     SHUTDOWN_TIMEOUT_S,
 )
+from ralph_mail.store.watch import StopEvent
 from ralph_mail.team import load_team
-from ralph_mail.watch import StopEvent
 
-_STATE_VERSION = 1
+_STATE_VERSION = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +76,11 @@ class Plan:
     text: str
     task: str | None
     message: Message
+
+    @property
+    def content(self) -> str:
+        """The plan, as the message it wraps calls it (the same as `text`)."""
+        return self.text
 
 
 #: A review policy: approve (True) or reject (False), with optional feedback for the agent.
@@ -330,7 +334,7 @@ class TeamOrchestrator:
         self.agent = self.bus.agent
         self.review_plan: PlanReviewer = review_plan or approve_all
         self.on_event = on_event
-        self.handlers: dict[MessageType, Handler] = {
+        self.handlers: dict[MessageType | str, Handler] = {
             MessageType.STATUS_UPDATE: self._on_status,
             MessageType.PLAN_SUBMISSION: self._on_plan,
             MessageType.SHUTDOWN_RESPONSE: self._on_shutdown_response,
@@ -340,11 +344,11 @@ class TeamOrchestrator:
         self.progress: dict[str, AgentProgress] = {
             name: AgentProgress(name) for name in self.teammates
         }
-        self._state_path = self.bus.team.root / "orchestrator" / f"{self.agent}.json"
+        self._state_key = f"orchestrator.{self.agent}"
         self._handled: dict[str, None] = {}  # insertion-ordered set of "sender:id" keys
-        # Until the first new message is handled after a start, a reply may already be in
-        # the recipient's inbox (the previous run died between sending and recording).
-        self._recovering = True
+        # The ids of the replies sent, recorded *before* each is sent: a lead killed after
+        # sending and restarted finds the id and does not send it again.
+        self._sent: dict[str, None] = {}
         self._current: Message | None = None
         self._replies = 0
         self._busy = False
@@ -470,14 +474,13 @@ class TeamOrchestrator:
                 self._emit(
                     EventKind.ERROR,
                     message.from_agent,
-                    f"handler for {message.type.value} {message.id} failed: "
+                    f"handler for {message.type} {message.id} failed: "
                     f"{exc.__class__.__name__}: {exc}",
                     message,
                 )
         finally:
             self._current = None
         self._remember(key, now=self._replies > 0)
-        self._recovering = False
 
     def _refuse(self, message: Message, reason: str) -> None:
         self._emit(EventKind.ERROR, message.from_agent, reason, message)
@@ -497,9 +500,9 @@ class TeamOrchestrator:
     ) -> Message | None:
         """Answer ``message`` (to its sender, with ``reply_to``); return what was sent.
 
-        Inside a handler, the reply's id is derived from the message answered, so a lead
-        restarted after a crash recognises a reply it already sent and does not send it
-        again (then this returns None).
+        Inside a handler, the reply's id is derived from the message answered and saved
+        in the lead's state before the reply is sent, so a lead restarted after a crash
+        does not send a reply it already sent (then this returns None).
 
         Example:
             >>> def noted(m): orch.reply(m, "text", "noted")  # doctest: +SKIP
@@ -510,22 +513,17 @@ class TeamOrchestrator:
             key = f"{message.from_agent}:{message.id}"
             reply_id = protocol.derived_id(self.agent, key, str(self._replies))
             self._replies += 1
-            if self._recovering and self._already_sent(message.from_agent, reply_id):
+            if reply_id in self._sent:
                 return None
+            # Record, then send: a kill in between loses this one reply (the agent's wait
+            # times out and it asks again) rather than ever answering twice.
+            self._sent[reply_id] = None
+            while len(self._sent) > HANDLED_IDS_KEPT:
+                del self._sent[next(iter(self._sent))]
+            self._save_state()
         return self.bus.send(
             message.from_agent, type, content, metadata, reply_to=message.id, id=reply_id
         )
-
-    def _already_sent(self, recipient: str, message_id: str) -> bool:
-        files = store.FileStore(self.bus.team.root)
-        try:
-            lines, _ = files.read_tail(recipient, RECOVERY_SCAN_LINES)
-        except StoreError:
-            return False
-        finally:
-            files.close()
-        needle = b'"id":"' + message_id.encode() + b'"'
-        return any(needle in line for line in lines)
 
     # -- default handlers -----------------------------------------------------------------
 
@@ -584,7 +582,9 @@ class TeamOrchestrator:
         try:
             verdict = self.review_plan(plan)
         except Exception as exc:  # a broken policy rejects, with the reason as feedback
-            return False, f"plan review failed: {exc.__class__.__name__}: {exc}"
+            reason = f"plan review failed: {exc.__class__.__name__}: {exc}"
+            self._emit(EventKind.ERROR, plan.agent, reason, plan.message)
+            return False, reason
         if isinstance(verdict, tuple):
             approved, feedback = bool(verdict[0]), str(verdict[1])
         else:
@@ -628,7 +628,7 @@ class TeamOrchestrator:
         self._emit(
             EventKind.IGNORED,
             message.from_agent,
-            f"{message.type.value} {message.id} is not for the lead; ignored",
+            f"{message.type} {message.id} is not for the lead; ignored",
             message,
         )
 
@@ -789,42 +789,33 @@ class TeamOrchestrator:
         state = {
             "version": _STATE_VERSION,
             "handled": list(self._handled),
+            "sent": list(self._sent),
             "progress": {name: asdict(item) for name, item in self.progress.items()},
         }
         try:
-            store.ensure_dir(self._state_path.parent)
-            store.write_file_atomic(self._state_path, orjson.dumps(state))
-        except OSError as exc:
+            self.bus.store.save_state(self._state_key, orjson.dumps(state))
+        except MailError as exc:
             # Losing the record costs at most a duplicate answer after a restart; stopping
             # the lead would cost the whole team, so say it and go on.
-            self._emit(EventKind.ERROR, self.agent, f"cannot save {self._state_path}: {exc}")
+            self._emit(EventKind.ERROR, self.agent, f"cannot save the lead's state: {exc}")
 
     def _load_state(self) -> None:
-        try:
-            fd = store.open_private(self._state_path, os.O_RDONLY)
-        except FileNotFoundError:
+        raw = self.bus.store.load_state(self._state_key)
+        if raw is None:
             return
-        except OSError as exc:
-            raise StoreError(
-                f"cannot read the lead's state {self._state_path}: {exc}", self._state_path
-            ) from None
         try:
-            chunks = []
-            while chunk := os.read(fd, 1 << 20):
-                chunks.append(chunk)
-        finally:
-            os.close(fd)
-        try:
-            state: Any = orjson.loads(b"".join(chunks))
+            state: Any = orjson.loads(raw)
             handled = [str(key) for key in state["handled"]]
+            sent = [str(key) for key in state.get("sent", [])]
             progress = {name: AgentProgress(**item) for name, item in state["progress"].items()}
         except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
             raise StoreError(
-                f"the lead's state {self._state_path} is damaged ({exc}): delete it to "
-                "start afresh (messages still unread will be answered again)",
-                self._state_path,
+                f"the lead's state {self._state_key!r} is damaged ({exc}): delete "
+                f"state/{self._state_key}.json in the team to start afresh (messages still "
+                "unread will be answered again)"
             ) from None
         self._handled = dict.fromkeys(handled[-HANDLED_IDS_KEPT:])
+        self._sent = dict.fromkeys(sent[-HANDLED_IDS_KEPT:])
         self.progress.update(progress)
 
     # -- lifetime -------------------------------------------------------------------------

@@ -93,13 +93,12 @@ def _flag(message: Message, key: str, fix: str) -> bool:
     value = message.metadata.get(key)
     if value is None:
         raise ProtocolError(
-            f"{message.type.value} {message.id} from {message.from_agent} has no "
-            f"metadata.{key}: {fix}"
+            f"{message.type} {message.id} from {message.from_agent} has no metadata.{key}: {fix}"
         )
     lowered = value.strip().lower()
     if lowered not in ("true", "false"):
         raise ProtocolError(
-            f"{message.type.value} {message.id} from {message.from_agent} has "
+            f"{message.type} {message.id} from {message.from_agent} has "
             f"metadata.{key}={value!r}: use 'true' or 'false'; {fix}"
         )
     return lowered == "true"

@@ -54,9 +54,10 @@ SHUTDOWN_RETRY_S: Final = 2.0
 #: once. Redelivery happens only above the committed cursor, so this bounds the retry
 #: window of senders that resend under the same id, not the inbox size.
 HANDLED_IDS_KEPT: Final = 4096
-#: How far back (lines) a restarted lead looks in a recipient's inbox for a reply it may
-#: have sent just before it died, before sending that reply again.
-RECOVERY_SCAN_LINES: Final = 1000
+
+#: How far back (messages) ``shutdown respond`` looks in its own inbox for the newest
+#: shutdown request, already consumed ones included.
+RESPOND_LOOKBACK_LINES: Final = 1000
 
 #: The longest `ralph-mail demo` lets its team run before it gives up (s).
 DEMO_TIMEOUT_S: Final = 120.0

@@ -184,7 +184,7 @@ def inbox_messages(root: Path, agent: str) -> list[Message]:
     """Every message in ``agent``'s inbox, consumed or not (read through the store)."""
     from ralph_mail.message import decode
 
-    files = FileStore(root)
+    files = FileStore(root.parent.parent, root.name)  # root: HOME/teams/TEAM
     try:
         data, _ = files.read(agent, 0)
     finally:

@@ -106,9 +106,9 @@ def test_next_task_waits_for_an_assignment_from_another_process(
 
 
 def test_next_task_gives_up_at_its_timeout(team: Team) -> None:
-    """next_task returns None when no task came in time."""
+    """next_task returns None when no task came in time, and the agent is not stopping."""
     with TeamAgent("demo", "worker-1") as agent:
-        assert agent.next_task(timeout=0.1) is None
+        assert agent.next_task(timeout=0.1) is None and not agent.stopping
 
 
 # -- context -----------------------------------------------------------------------------

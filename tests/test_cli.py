@@ -33,7 +33,7 @@ def test_json_output_is_the_on_disk_envelope(team: Team) -> None:
     ralph(team.home, "send", "lead", "a", "--meta", "k=v", "--type", "status_update", *ME)
     ralph(team.home, "send", "lead", "b", *ME)
     out = ralph(team.home, "read", "--peek", "--json", "--team", "demo", "--agent", "lead")
-    assert out.stdout == (team.root / "mailbox" / "lead.jsonl").read_bytes()
+    assert out.stdout == (team.store.root / "mailbox" / "lead.jsonl").read_bytes()
     first = orjson.loads(lines(out.stdout)[0])
     assert (first["type"], first["metadata"]) == ("status_update", {"k": "v"})
 
@@ -59,7 +59,7 @@ def test_body_from_standard_input(team: Team) -> None:
     "args, stdin, fragment",
     [
         (("send", "nobody", "x", *ME), b"", b"unknown agent 'nobody'"),
-        (("send", "lead", "x", "--type", "bogus", *ME), b"", b"unknown message type 'bogus'"),
+        (("send", "lead", "x", "--type", "Bogus!", *ME), b"", b"invalid message type 'Bogus!'"),
         (("send", "lead", "x", "--meta", "novalue", *ME), b"", b"KEY=VALUE"),
         (("send", "lead", "x", "--id", "XYZ", *ME), b"", b"12 lowercase hex"),
         (("send", "lead", *ME), b"\xff\xfe", b"not UTF-8"),
@@ -97,7 +97,7 @@ def test_oversized_standard_input_is_refused_without_reading_it_all(team: Team) 
         team.home, "send", "lead", *ME, input=b"x" * (2 << 20), RALPH_MAX_MESSAGE_BYTES="1000"
     )
     assert out.returncode == 2 and b"1000-byte" in out.stderr
-    assert (team.root / "mailbox" / "lead.jsonl").read_bytes() == b""
+    assert (team.store.root / "mailbox" / "lead.jsonl").read_bytes() == b""
 
 
 def test_wait_exits_1_when_nothing_comes_and_0_with_mail(team: Team) -> None:

@@ -78,7 +78,7 @@ def test_many_asks_in_flight_each_get_their_own_reply(team: Team) -> None:
 
 def test_no_reply_in_time_raises_no_reply(team: Team) -> None:
     """An unanswered ask raises NoReply, a TimeoutError, naming the agent and the fix."""
-    with pytest.raises(NoReply, match="worker-1 did not answer within 0.05 s") as caught:
+    with pytest.raises(NoReply, match=r"worker-1 did not answer within 0\.05 s") as caught:
         MessageBus("demo", "lead").ask("worker-1", "anyone?", timeout=0.05)
     assert isinstance(caught.value, TimeoutError)
 
@@ -124,7 +124,7 @@ def test_history_reads_only_what_it_returns(team: Team, monkeypatch: pytest.Monk
     noise = MessageBus("demo", "worker-2")
     for n in range(3):
         MessageBus("demo", "worker-1").send("lead", "text", f"x{n}")
-    for n in range(2000):
+    for _ in range(2000):
         noise.send("lead", "text", "buried")
     reads: list[int] = []
     store = lead.store

@@ -61,7 +61,7 @@ def test_demo_with_home_keeps_the_mail_under_a_free_name(
         assert demo.finish(timeout=BOUND_S) == 0, demo.stderr_text()
     assert f"ralph-mail tail --all --home {home} --team demo-2" in demo.output
     assert [team.name for team in list_teams(home)] == ["demo", "demo-2"]
-    files = FileStore(home / "teams" / "demo")
+    files = FileStore(home, "demo")
     try:
         lines, _ = files.read_tail("worker-2", 100)
     finally:

@@ -22,8 +22,8 @@ from conftest import BOUND_S, cli_env
 from faultkit import SCALES, dead_letters, lines_of, pick, record
 
 from ralph_mail import MailError, Message, MessageBus, StoreError, Team, create_team
-from ralph_mail.store import inbox as store_module
 from ralph_mail.store import Cursor, FileStore, pid_alive
+from ralph_mail.store import inbox as store_module
 
 
 class Crash(BaseException):
@@ -42,10 +42,13 @@ def contents(messages: list[Message]) -> list[str]:
 
 
 def failing_write(fail_at: int, partial: bool, calls: list[int]) -> Callable[[int, bytes], int]:
-    """os.write that fails on call ``fail_at`` (writing half the buffer first if ``partial``)."""
+    """os.write to an inbox that fails on call ``fail_at`` (writing half the buffer first if
+    ``partial``); writes to other files (history's index) pass."""
     real = os.write
 
     def write(fd: int, data: bytes) -> int:
+        if "/mailbox/" not in os.readlink(f"/proc/self/fd/{fd}"):
+            return real(fd, data)
         calls[0] += 1
         if calls[0] == fail_at:
             if partial and len(data) > 1:
@@ -439,3 +442,25 @@ def test_an_index_entry_cut_short_is_stepped_over(team: Team) -> None:
     assert store.index_tail("pair+lead+worker-1", 5) == [("lead", 0, 10), ("worker-1", 10, 20)]
     store.close()
     record(faults=1)
+
+
+def test_a_send_whose_index_cannot_be_written_still_returns(
+    team: Team, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delivered message whose history entry fails to write is still a send that
+    returned (with a warning): a send raises only when nothing was delivered."""
+    real = os.write
+
+    def no_index(fd: int, data: bytes) -> int:
+        if "/index/" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data)
+
+    bus = MessageBus("demo", "worker-1")
+    with monkeypatch.context() as patch:
+        patch.setattr(store_module.os, "write", no_index)
+        with pytest.warns(RuntimeWarning, match="missing from history"):
+            sent = bus.send("lead", "text", "delivered")
+    assert [m.id for m in MessageBus("demo", "lead").poll()] == [sent.id]
+    record(messages=1, faults=1)
+

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import fcntl
 import os
-import stat
 import signal
+import stat
 from pathlib import Path
 
 import orjson
@@ -14,11 +14,11 @@ from conftest import BOUND_S, Processes, cli_env, ralph
 from faultkit import SCALES, dead_letters, pick, record
 
 from ralph_mail import MessageBus, Team, create_team
-from ralph_mail.store import doctor as maintenance
-from ralph_mail.store import inbox as store_module
 from ralph_mail.errors import LockTimeout
 from ralph_mail.maintenance import collect, doctor
 from ralph_mail.store import FileStore
+from ralph_mail.store import doctor as maintenance
+from ralph_mail.store import inbox as store_module
 
 
 def inbox(team: Team, agent: str = "lead") -> Path:

@@ -39,7 +39,7 @@ def lead_of(events: list[Event] | None = None, **kwargs: object) -> TeamOrchestr
 
 
 def answers(team: Team, agent: str, kind: MessageType) -> list[Message]:
-    return of_type(inbox_messages(team.root, agent), kind)
+    return of_type(inbox_messages(team.store.root, agent), kind)
 
 
 def plan_of(text: str, task: str | None = "T-1") -> Plan:
@@ -411,10 +411,9 @@ def test_a_damaged_state_file_is_named_with_the_fix(team: Team) -> None:
     """A state file that is not the lead's JSON stops the start with the path and the fix."""
     from ralph_mail import StoreError
 
-    state = team.root / "orchestrator" / "lead.json"
-    state.parent.mkdir(mode=0o700)
+    state = team.store.root / "state" / "orchestrator.lead.json"
     state.write_text("{not json")
-    with pytest.raises(StoreError, match="delete it to start afresh"):
+    with pytest.raises(StoreError, match=r"delete state/orchestrator\.lead\.json .* afresh"):
         lead_of()
 
 
@@ -542,3 +541,46 @@ def test_deferred_shutdown_is_asked_again_and_accepted(team: Team, children: Chi
     assert lead.finish() == 0
     assert "{'worker-1': True}" in lead.expect("report")
     assert busy.finish() == 0
+
+
+def test_a_reply_consumed_and_compacted_away_is_still_not_sent_twice(team: Team) -> None:
+    """Killed after replying, with the reply consumed and gc'd before the restart, the lead
+    does not answer again: it recorded the reply before sending it, and never looks in the
+    recipient's inbox."""
+    from ralph_mail.maintenance import collect
+
+    worker = MessageBus("demo", "worker-1")
+    worker.send("lead", MessageType.PLAN_SUBMISSION, "plan A")
+
+    def die_after_reply(event: Event) -> None:
+        if event.kind == EventKind.PLAN_APPROVED:
+            raise KeyboardInterrupt
+
+    with lead_of(on_event=die_after_reply) as orch, pytest.raises(KeyboardInterrupt):
+        orch.handle_pending()
+    assert [m.type for m in worker.poll()] == [MessageType.PLAN_APPROVAL]
+    assert collect("demo").removed > 0  # the approval is gone from the worker's inbox
+    with lead_of() as orch:
+        assert orch.handle_pending() == 1  # plan A redelivered to the lead...
+    assert worker.poll() == []  # ...and not answered again
+
+
+def test_a_review_that_raises_rejects_and_reports_an_error(team: Team) -> None:
+    """A review policy that raises rejects the plan and emits an error event naming it."""
+    events: list[Event] = []
+
+    def broken(plan: Plan) -> bool:
+        raise RuntimeError("reviewer down")
+
+    MessageBus("demo", "worker-1").send("lead", MessageType.PLAN_SUBMISSION, "plan A")
+    with lead_of(events, review_plan=broken) as orch:
+        orch.handle_pending()
+    kinds = [e.kind for e in events]
+    assert EventKind.ERROR in kinds and EventKind.PLAN_REJECTED in kinds
+    assert any("reviewer down" in e.text for e in events if e.kind == EventKind.ERROR)
+
+
+def test_a_plan_reads_like_its_message() -> None:
+    """Plan.content is the plan text, as Message.content is."""
+    message = Message("0123456789ab", "w", "lead", MessageType.PLAN_SUBMISSION, "do it")
+    assert plan_of("do it").content == "do it" == message.content

@@ -29,7 +29,7 @@ def test_agents_lists_the_teammates_with_their_roster_fields(team: Team) -> None
     assert (one.description, one.role, one.manager, one.mode) == (
         "parses logs", "member", "lead", "supervised"
     )  # fmt: skip
-    assert [a.name for a in MessageBus("demo", "lead").agents(include_self=True)][0] == "lead"
+    assert next(a.name for a in MessageBus("demo", "lead").agents(include_self=True)) == "lead"
 
 
 def test_update_team_sets_config_and_clears_a_manager(team: Team) -> None:

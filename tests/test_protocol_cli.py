@@ -379,7 +379,7 @@ def test_lead_restarted_answers_every_plan_exactly_once(team: Team, children: Ch
     second = children.ralph(team.home, "lead", "--team", "demo")
 
     def approvals() -> list[Message]:
-        return of_type(inbox_messages(team.root, "worker-1"), MessageType.PLAN_APPROVAL)
+        return of_type(inbox_messages(team.store.root, "worker-1"), MessageType.PLAN_APPROVAL)
 
     deadline = time.monotonic() + BOUND_S
     while len(approvals()) < len(plans):

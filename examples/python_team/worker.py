@@ -17,7 +17,12 @@ STEPS = 2
 
 def main() -> int:
     with TeamAgent(os.environ["RALPH_TEAM"], os.environ["RALPH_AGENT"]) as agent:
-        while (task := agent.next_task(timeout=120)) is not None:
+        while not agent.stopping:
+            task = agent.next_task(timeout=120)
+            if task is None:
+                if agent.stopping:
+                    break
+                return 1  # two minutes without work or a shutdown: the lead is gone
             context = agent.take_context()  # text from the team, for a real agent's prompt
             agent.report_status(f"starting {task.id}: {task.description}", progress=0)
             plan = f"1. read the input 2. {task.description}"
@@ -34,7 +39,7 @@ def main() -> int:
                 agent.report_status(f"step {step} of {STEPS}", progress=step / (STEPS + 1))
             del context
             agent.finish_task(f"{task.id} finished")
-    return 0 if agent.stopping else 1
+    return 0
 
 
 if __name__ == "__main__":

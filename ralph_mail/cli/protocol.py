@@ -221,7 +221,7 @@ def _newest_request(bus: MessageBus) -> Message | None:
         return newest
     view = History(bus.team.name, [bus.agent], bus.team.home)
     try:
-        recent = view.last(settings.RECOVERY_SCAN_LINES)
+        recent = view.last(settings.RESPOND_LOOKBACK_LINES)
     finally:
         view.close()
     requests = [m for m in recent if m.type == MessageType.SHUTDOWN_REQUEST]

@@ -31,7 +31,7 @@ def console() -> Console:
 
 def plain_line(message: Message) -> str:
     """One message as one line of text (continuation lines of the body are indented)."""
-    parts = [message.ts, message.from_agent, "->", message.to_agent, f"[{message.type.value}]"]
+    parts = [message.ts, message.from_agent, "->", message.to_agent, f"[{message.type}]"]
     line = " ".join(parts) + " " + message.content.replace("\n", "\n    ")
     if message.metadata:
         line += " {" + ", ".join(f"{k}={v}" for k, v in message.metadata.items()) + "}"
@@ -61,7 +61,7 @@ def print_messages(messages: Iterable[Message], json_out: bool = False) -> None:
         text.append(f" {message.from_agent}", style="bold cyan")
         text.append(" → ")
         text.append(message.to_agent, style="bold")
-        text.append(f" {message.type.value}", style="magenta")
+        text.append(f" {message.type}", style="magenta")
         text.append(f"  {message.content}")
         if message.metadata:
             meta = " ".join(f"{k}={v}" for k, v in message.metadata.items())

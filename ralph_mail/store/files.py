@@ -99,7 +99,13 @@ class FileStore:
         self._generation = 0
         # A store dropped without close() still gives its descriptors back when collected.
         weakref.finalize(
-            self, _close_all, self._logs, self._cursors, self._claimed, self._indexes, self.dirs
+            self,
+            _close_all,
+            self._logs,
+            {"cursors": self._cursors, "presence": self._presence},
+            self._claimed,
+            self._indexes,
+            self.dirs,
         )
 
     # -- paths (for messages and doctor) ---------------------------------------------------
@@ -526,10 +532,13 @@ class FileStore:
     def close(self) -> None:
         """Close every kept descriptor and give up claims (those inherited through fork
         are left alone)."""
-        for slots in self._presence.values():
-            slots.close()
-        self._presence.clear()
-        _close_all(self._logs, self._cursors, self._claimed, self._indexes, self.dirs)
+        _close_all(
+            self._logs,
+            {"cursors": self._cursors, "presence": self._presence},
+            self._claimed,
+            self._indexes,
+            self.dirs,
+        )
 
 
 class _DeadLetters:
@@ -601,7 +610,7 @@ def _release(key: tuple[int, int, str]) -> None:
 
 def _close_all(
     logs: dict[str, InboxLog],
-    cursors: dict[str, SlotFile],
+    slot_files: dict[str, dict[str, SlotFile]],
     claimed: dict[str, tuple[int, int, str]],
     indexes: dict[str, int],
     dirs: TeamDirs,
@@ -612,10 +621,11 @@ def _close_all(
     claimed.clear()
     for log in logs.values():
         log.close()
-    for slots in cursors.values():
-        slots.close()
     logs.clear()
-    cursors.clear()
+    for kept in slot_files.values():
+        for slots in kept.values():
+            slots.close()
+        kept.clear()
     _close_indexes(indexes)
     dirs.close()
 
