@@ -10,31 +10,29 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ralph_mail.bus import MessageBus
-from ralph_mail.errors import (
-    AgentOffline,
-    BroadcastError,
-    DepthLimit,
-    InboxBusy,
-    InvalidMessage,
-    InvalidName,
-    LockTimeout,
-    LoopGuard,
-    MailError,
-    NoReply,
-    PermissionDenied,
-    ProtocolError,
-    RateLimited,
-    StoreError,
-    TeamExists,
-    TeamNotFound,
-    UnknownAgent,
-)
-from ralph_mail.message import Message, MessageType
-from ralph_mail.team import Member, Team, create_team, delete_team, list_teams, load_team
-
 if TYPE_CHECKING:
     from ralph_mail.agent import PlanDecision, Task, TeamAgent
+    from ralph_mail.bus import MessageBus
+    from ralph_mail.errors import (
+        AgentOffline,
+        BroadcastError,
+        DepthLimit,
+        InboxBusy,
+        InvalidMessage,
+        InvalidName,
+        LockTimeout,
+        LoopGuard,
+        MailError,
+        NoReply,
+        PermissionDenied,
+        ProtocolError,
+        RateLimited,
+        StoreError,
+        TeamExists,
+        TeamNotFound,
+        UnknownAgent,
+    )
+    from ralph_mail.message import Message, MessageType
     from ralph_mail.orchestrator import (
         AgentProgress,
         Event,
@@ -43,22 +41,56 @@ if TYPE_CHECKING:
         ShutdownReport,
         TeamOrchestrator,
     )
+    from ralph_mail.presence import AgentInfo
+    from ralph_mail.team import Member, Team, create_team, delete_team, list_teams, load_team
 
-# The protocol side costs about 20 ms of imports (subprocess, hashlib, ...) that a shell
-# `ralph-mail send` never needs: it is imported on first use, by __getattr__ below.
+# Every name is imported on first use (PEP 562): `import ralph_mail.cli` then costs
+# nothing before the command line is ready to take Ctrl-C, and a program that needs only
+# the bus does not pay for the lead's imports (subprocess, hashlib, ...).
+_ERRORS = [
+    "AgentOffline",
+    "BroadcastError",
+    "DepthLimit",
+    "InboxBusy",
+    "InvalidMessage",
+    "InvalidName",
+    "LockTimeout",
+    "LoopGuard",
+    "MailError",
+    "NoReply",
+    "PermissionDenied",
+    "ProtocolError",
+    "RateLimited",
+    "StoreError",
+    "TeamExists",
+    "TeamNotFound",
+    "UnknownAgent",
+]
 _LAZY = {
+    **dict.fromkeys(_ERRORS, "ralph_mail.errors"),
+    "AgentInfo": "ralph_mail.presence",
     "AgentProgress": "ralph_mail.orchestrator",
     "Event": "ralph_mail.orchestrator",
     "EventKind": "ralph_mail.orchestrator",
+    "Member": "ralph_mail.team",
+    "Message": "ralph_mail.message",
+    "MessageBus": "ralph_mail.bus",
+    "MessageType": "ralph_mail.message",
     "Plan": "ralph_mail.orchestrator",
     "PlanDecision": "ralph_mail.agent",
     "ShutdownReport": "ralph_mail.orchestrator",
     "Task": "ralph_mail.agent",
+    "Team": "ralph_mail.team",
     "TeamAgent": "ralph_mail.agent",
     "TeamOrchestrator": "ralph_mail.orchestrator",
+    "create_team": "ralph_mail.team",
+    "delete_team": "ralph_mail.team",
+    "list_teams": "ralph_mail.team",
+    "load_team": "ralph_mail.team",
 }
 
 __all__ = [
+    "AgentInfo",
     "AgentOffline",
     "AgentProgress",
     "BroadcastError",

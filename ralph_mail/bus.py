@@ -255,6 +255,9 @@ class MessageBus:
             message = decode_lines([line])[0][0]
             if isinstance(message, Message):
                 found.append(message)
+        # Entries are written just after their message, so two senders racing can note
+        # them out of order; the timestamps, taken under each inbox's lock, cannot.
+        found.sort(key=lambda message: message.ts)
         return found
 
     # -- presence -------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -76,6 +77,9 @@ def run_demo(home: str | os.PathLike[str] | None = None, delay: float = 0.6) -> 
 
     out = sys.stdout
     temporary = home is None
+    # SIGTERM or SIGHUP (a closed terminal) ends the demo as Ctrl-C does: through the
+    # cleanup below, so no lead, worker or temporary home is left behind.
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
     root = Path(tempfile.mkdtemp(prefix="ralph-demo-") if home is None else home).absolute()
     children: list[subprocess.Popen[bytes]] = []
     try:
@@ -131,10 +135,26 @@ def run_demo(home: str | os.PathLike[str] | None = None, delay: float = 0.6) -> 
                 out, f"the mail stays in {root}: ralph-mail tail --all --home {root} --team {name}"
             )
         return code
+    except _Stopped as stopped:
+        return 128 + stopped.signum
     finally:
-        _reap(children, 0.0)  # only does something after an error or Ctrl-C
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _reap(children, 0.0)  # only does something after an error, Ctrl-C or SIGTERM
         if temporary:
             shutil.rmtree(root, ignore_errors=True)
+
+
+class _Stopped(Exception):
+    """The demo was asked to stop by a signal (SIGTERM, SIGHUP)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise _Stopped(signum)
 
 
 def _reap(children: list[subprocess.Popen[bytes]], grace: float) -> bool:

@@ -89,6 +89,21 @@ def status_metadata(
     return metadata
 
 
+def check_outgoing(kind: str, metadata: dict[str, str]) -> None:
+    """Refuse protocol metadata the lead would refuse on arrival, before it is sent:
+    a status update's state, task and progress; the true/false of an approval or a
+    shutdown answer. `InvalidMessage` names the value and the fix."""
+    if kind == "status_update":
+        status_metadata(metadata.get(STATE, ""), metadata.get(TASK), metadata.get(PROGRESS))
+    flags = {"plan_approval": APPROVED, "shutdown_response": ACCEPTED}
+    key = flags.get(kind)
+    if key is not None and metadata.get(key, "").strip().lower() not in ("true", "false"):
+        raise InvalidMessage(
+            f"a {kind} needs metadata {key}=true or {key}=false, not "
+            f"{metadata.get(key)!r}: add --meta {key}=true"
+        )
+
+
 def _flag(message: Message, key: str, fix: str) -> bool:
     value = message.metadata.get(key)
     if value is None:

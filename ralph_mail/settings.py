@@ -92,12 +92,24 @@ def durable(value: bool | None = None) -> bool:
     return os.environ.get("RALPH_DURABLE", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+def _env_count(name: str, default: int) -> int:
+    """A whole number from the environment variable ``name`` (``default`` when unset);
+    anything else is a `MailError` naming the variable, never silently ignored."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit():
+        from ralph_mail.errors import MailError
+
+        raise MailError(f"invalid {name}={raw!r}: give a whole number of bytes, or unset it")
+    return int(raw)
+
+
 def max_message_bytes(value: int | None = None) -> int:
     """The size limit: the argument, else ``$RALPH_MAX_MESSAGE_BYTES``, else 1 MiB."""
     if value is not None:
         return value
-    env = os.environ.get("RALPH_MAX_MESSAGE_BYTES")
-    return int(env) if env and env.isdigit() else MAX_MESSAGE_BYTES
+    return _env_count("RALPH_MAX_MESSAGE_BYTES", MAX_MESSAGE_BYTES)
 
 
 #: Team settings (``ralph-mail team config TEAM KEY VALUE``) and their defaults; each can
@@ -136,5 +148,4 @@ def gc_auto_bytes(value: int | None = None) -> int:
     64 MiB of consumed lines; 0 never."""
     if value is not None:
         return value
-    env = os.environ.get("RALPH_GC_AUTO_BYTES")
-    return int(env) if env and env.isdigit() else GC_AUTO_BYTES
+    return _env_count("RALPH_GC_AUTO_BYTES", GC_AUTO_BYTES)

@@ -30,12 +30,12 @@ def test_send_prints_the_id_and_read_consumes(team: Team) -> None:
 
 def test_json_output_is_the_on_disk_envelope(team: Team) -> None:
     """--json prints exactly the lines stored in the inbox."""
-    ralph(team.home, "send", "lead", "a", "--meta", "k=v", "--type", "status_update", *ME)
+    ralph(team.home, "send", "lead", "a", "--meta", "state=idle", "--type", "status_update", *ME)
     ralph(team.home, "send", "lead", "b", *ME)
     out = ralph(team.home, "read", "--peek", "--json", "--team", "demo", "--agent", "lead")
     assert out.stdout == (team.store.root / "mailbox" / "lead.jsonl").read_bytes()
     first = orjson.loads(lines(out.stdout)[0])
-    assert (first["type"], first["metadata"]) == ("status_update", {"k": "v"})
+    assert (first["type"], first["metadata"]) == ("status_update", {"state": "idle"})
 
 
 def test_identity_comes_from_the_environment(team: Team) -> None:
@@ -67,15 +67,15 @@ def test_body_from_standard_input(team: Team) -> None:
         (("send", "lead", "x", "--agent", "worker-1"), b"", b"RALPH_TEAM"),
         (("send", "lead", "x", "--team", "../etc", "--agent", "a"), b"", b"invalid team name"),
         (("send", "lead", "x", "--team", "nope", "--agent", "a"), b"", b"no team 'nope'"),
-        (("send",), b"", b"Missing argument"),
-        (("send", "lead", "x", "--bogus"), b"", b"No such option"),
+        (("send",), b"", b"arguments are required: TO"),
+        (("send", "lead", "x", "--bogus"), b"", b"unrecognized arguments: --bogus"),
         (("read", "--agent", "stranger", "--team", "demo"), b"", b"unknown agent 'stranger'"),
         (("wait", "--timeout", "-1", *ME), b"", b"--timeout"),
         (("tail", "-n", "-3", *ME), b"", b"-n"),
         (("team", "create", "x/y", "--member", "a"), b"", b"invalid team name"),
         (("team", "create", "demo", "--member", "a"), b"", b"already exists"),
         (("team", "delete", "demo"), b"", b"pass --yes"),
-        (("nonsense",), b"", b"No such command"),
+        (("nonsense",), b"", b"no command 'nonsense'"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(
@@ -180,23 +180,10 @@ def test_team_commands(home: Path) -> None:
 
 
 def command_paths() -> list[list[str]]:
-    import typer
-
     from ralph_mail.cli.app import full_app
+    from ralph_mail.cli.command import paths
 
-    root = typer.main.get_command(full_app())
-    paths: list[list[str]] = []
-
-    def walk(command, prefix: list[str]) -> None:  # type: ignore[no-untyped-def]
-        subcommands = getattr(command, "commands", None)
-        if subcommands:
-            for name, sub in subcommands.items():
-                walk(sub, [*prefix, name])
-        else:
-            paths.append(prefix)
-
-    walk(root, [])
-    return paths
+    return [list(path) for path in paths(full_app())]
 
 
 @pytest.mark.parametrize("path", command_paths(), ids=" ".join)
@@ -230,7 +217,7 @@ def test_python_dash_m_and_the_script_are_the_same_program(team: Team) -> None:
 
 
 def test_send_does_not_import_typer_rich_or_watchfiles(team: Team) -> None:
-    """The send path stays lean: no typer, rich or watchfiles import."""
+    """The send path stays lean: no typer, pydantic, rich or watchfiles import."""
     import subprocess
     import sys
 
@@ -238,7 +225,8 @@ def test_send_does_not_import_typer_rich_or_watchfiles(team: Team) -> None:
 
     code = (
         "import sys; from ralph_mail.cli import main; code = main(sys.argv[1:]); "
-        "heavy = [m for m in ('typer', 'rich', 'watchfiles', 'filelock') if m in sys.modules]; "
+        "heavy = [m for m in ('typer', 'pydantic', 'rich', 'watchfiles', 'filelock') "
+        "if m in sys.modules]; "
         "print(code, heavy)"
     )
     out = subprocess.run(

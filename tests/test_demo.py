@@ -78,3 +78,15 @@ def test_demo_stops_cleanly_on_ctrl_c(tmp_path: Path, children: Children) -> Non
     assert "Traceback" not in demo.stderr_text()
     assert session_processes(demo.popen.pid) == []
     assert list(tmp_path.iterdir()) == []
+
+
+def test_demo_sent_sigterm_leaves_nothing_behind(tmp_path: Path, children: Children) -> None:
+    """SIGTERM to the demo alone (not its group) mid-run: it stops its lead and workers,
+    removes its temporary home and exits 143; no process of it is left."""
+    demo = start_demo(children, tmp_path, "--delay", "30")
+    demo.expect("status working")
+    demo.popen.send_signal(signal.SIGTERM)
+    assert demo.finish(timeout=BOUND_S) == 143
+    assert "Traceback" not in demo.stderr_text()
+    assert session_processes(demo.popen.pid) == []
+    assert list(tmp_path.iterdir()) == []

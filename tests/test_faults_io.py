@@ -463,4 +463,3 @@ def test_a_send_whose_index_cannot_be_written_still_returns(
             sent = bus.send("lead", "text", "delivered")
     assert [m.id for m in MessageBus("demo", "lead").poll()] == [sent.id]
     record(messages=1, faults=1)
-

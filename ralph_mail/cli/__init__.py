@@ -1,20 +1,17 @@
 """The ``ralph-mail`` command line: a thin shell over the library.
 
-`main` sends ``ralph-mail send ...`` through a fast path that imports neither typer nor
-rich (typer alone costs 40-60 ms of start-up, against a few ms for the send itself), so a
-shell loop of sends stays close to the interpreter's own start-up. Everything else, and
-any ``send`` the fast path does not fully understand (``--help``, a typo), goes to the
-typer app, which owns the help texts and usage errors.
+Every command is declared once (`ralph_mail.cli.command`) and parsed by argparse, which
+starts in milliseconds, so the commands agents call in loops (send, read, wait, tail,
+status) stay close to the interpreter's own start-up.
 
 This package is the only place where a `MailError` becomes an exit code.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Callable, Sequence
-
-from ralph_mail.errors import MailError
 
 #: Exit codes (contract): done; nothing came; bad input or usage; the answer was no.
 EXIT_OK = 0
@@ -26,13 +23,31 @@ EXIT_BROKEN_PIPE = 141
 
 
 def error_line(text: str) -> None:
-    """Print one error line on stderr."""
-    sys.stderr.write(f"ralph-mail: error: {text}\n")
-    sys.stderr.flush()
+    """Print one error line on stderr (nothing when stderr is closed)."""
+    if sys.stderr is None:
+        return
+    try:
+        sys.stderr.write(f"ralph-mail: error: {text}\n")
+        sys.stderr.flush()
+    except OSError:
+        pass
+
+
+def say(text: str) -> None:
+    """Print ``text`` after an action that is already done (a send delivered): when the
+    output is gone (a closed stdout, a reader that left) the action still succeeded, so
+    a retry loop must not repeat it. Nothing is raised."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        _silence_stdout()
 
 
 def guarded(action: Callable[[], int | None]) -> int:
     """Run ``action``; turn the errors a user can cause into one line and an exit code."""
+    from ralph_mail.errors import MailError
+
     try:
         return action() or EXIT_OK
     except MailError as exc:
@@ -43,25 +58,72 @@ def guarded(action: Callable[[], int | None]) -> int:
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
+    except OSError as exc:  # standard output or input closed or failing
+        error_line(f"{exc.strerror or exc}: nothing more was done")
+        return EXIT_USAGE
+
+
+class _Closed:
+    """Stands for a standard stream that was closed when the process started (``<&-``,
+    ``>&-``): every use raises one clear `OSError` instead of an AttributeError."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def _closed(self, *args: object) -> str:
+        import errno
+
+        raise OSError(errno.EBADF, f"standard {self.name} is closed")
+
+    write = read = readline = fileno = _closed
+
+    def flush(self) -> None:
+        """Nothing is buffered: the interpreter's flush at exit must not fail."""
+
+    def isatty(self) -> bool:
+        return False
+
+    @property
+    def buffer(self) -> _Closed:
+        return self
 
 
 def _silence_stdout() -> None:
     # Python would complain again when flushing the closed pipe at exit.
     import os
 
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, AttributeError, ValueError):
+        pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``ralph-mail`` with ``argv`` (default: the process's arguments); return the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] == "send":
-        from ralph_mail.cli.send import parse_fast
+    if sys.stdout is None:
+        sys.stdout = _Closed("output")
+    if sys.stdin is None:
+        sys.stdin = _Closed("input")
+    # Ctrl-C during the imports is held until they are done: orjson 3.13 can crash when
+    # KeyboardInterrupt lands inside its import, and a half-imported module would print
+    # a traceback. Then it counts as an interrupt: exit 130, quietly.
+    held: list[int] = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    except ValueError:  # not the main thread (a test calling main): nothing to hold
+        previous = None
+    try:
+        from ralph_mail.cli.app import full_app, run
 
-        request = parse_fast(args[1:])
-        if request is not None:
-            return guarded(request.run)
-    from ralph_mail.cli.app import run
-
-    return run(args)
+        full_app()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    if held:
+        return EXIT_INTERRUPTED
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED

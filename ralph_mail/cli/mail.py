@@ -5,27 +5,26 @@ from __future__ import annotations
 import sys
 from typing import Annotated
 
-import typer
-
 from ralph_mail import settings
-from ralph_mail.cli import EXIT_NOTHING, EXIT_USAGE, error_line
-from ralph_mail.cli.app import Agent, Home, Json, TeamName, app, command, identity
-from ralph_mail.cli.render import print_json_lines, print_messages, print_table
+from ralph_mail.cli import EXIT_NO, EXIT_NOTHING, error_line, say
+from ralph_mail.cli.app import Agent, Home, Json, JsonRecords, TeamName, app, command, identity
+from ralph_mail.cli.command import Argument, Group, Option, confirm
+from ralph_mail.cli.render import deliver, print_json_lines, print_messages, print_table
 from ralph_mail.cli.send import SendRequest, parse_meta, read_body
 from ralph_mail.errors import MailError
+from ralph_mail.message import encode
 
-team_app = typer.Typer(
+team_app = Group(
     help=(
         "Create, list, show and delete teams.\n\n"
         "\b\nExample:\n  ralph-mail team create demo --member lead --member 'worker-1:parses logs'"
     ),
-    no_args_is_help=True,
 )
-app.add_typer(team_app, name="team")
+app.add_group(team_app, "team")
 
 Meta = Annotated[
     list[str] | None,
-    typer.Option("--meta", "-m", help="Metadata KEY=VALUE (repeatable).", metavar="KEY=VALUE"),
+    Option("--meta", "-m", help="Metadata KEY=VALUE (repeatable).", metavar="KEY=VALUE"),
 ]
 
 
@@ -36,10 +35,10 @@ def _member_spec(text: str) -> str | tuple[str, str]:
 
 @team_app.command("create")
 def team_create(
-    name: Annotated[str, typer.Argument(help="The team's name.")],
+    name: Annotated[str, Argument(help="The team's name.")],
     member: Annotated[
         list[str],
-        typer.Option(
+        Option(
             "--member",
             "-m",
             help="A member, NAME or NAME:description (repeatable).",
@@ -47,10 +46,10 @@ def team_create(
         ),
     ],
     lead: Annotated[
-        str | None, typer.Option("--lead", help="The lead [default: the first member].")
+        str | None, Option("--lead", help="The lead [default: the first member].")
     ] = None,
     home: Home = None,
-    json: Json = False,
+    json: JsonRecords = False,
 ) -> None:
     """Create a team with an empty inbox for every member.
 
@@ -86,7 +85,7 @@ def _team_record(team) -> dict[str, object]:  # type: ignore[no-untyped-def]
 
 
 @team_app.command("list")
-def team_list(home: Home = None, json: Json = False) -> None:
+def team_list(home: Home = None, json: JsonRecords = False) -> None:
     """List the teams in the home.
 
     \b
@@ -111,10 +110,10 @@ def team_list(home: Home = None, json: Json = False) -> None:
 
 @team_app.command("show")
 def team_show(
-    name: Annotated[str | None, typer.Argument(help="The team [default: --team].")] = None,
+    name: Annotated[str | None, Argument(help="The team [default: --team].")] = None,
     team: TeamName = None,
     home: Home = None,
-    json: Json = False,
+    json: JsonRecords = False,
 ) -> None:
     """Show a team's members, their roles and descriptions.
 
@@ -138,8 +137,8 @@ def team_show(
 
 @team_app.command("delete")
 def team_delete(
-    name: Annotated[str, typer.Argument(help="The team to delete.")],
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask first.")] = False,
+    name: Annotated[str, Argument(help="The team to delete.")],
+    yes: Annotated[bool, Option("--yes", "-y", help="Do not ask first.")] = False,
     home: Home = None,
 ) -> None:
     """Delete a team and all its mail; asks first on a terminal unless --yes.
@@ -154,11 +153,11 @@ def team_delete(
 
         load_team(name, home)  # a missing team is an error before any question
         if not yes:
-            if not sys.stdin.isatty():
+            if sys.stdin is None or not sys.stdin.isatty():
                 raise MailError(f"refusing to delete team {name!r} without asking: pass --yes")
-            if not typer.confirm(f"Delete team {name!r} and all its mail?", default=False):
+            if not confirm(f"Delete team {name!r} and all its mail?"):
                 error_line(f"team {name!r} kept")
-                return EXIT_USAGE
+                return EXIT_NO  # the answer was no
         delete_team(name, home)
         sys.stdout.write(f"deleted team {name}\n")
         return 0
@@ -168,19 +167,19 @@ def team_delete(
 
 @app.command("send")
 def send(
-    to: Annotated[str, typer.Argument(help="The recipient agent.")],
+    to: Annotated[str, Argument(help="The recipient agent.")],
     content: Annotated[
-        str | None, typer.Argument(help="The body; '-' or omitted with a pipe: standard input.")
+        str | None, Argument(help="The body; '-' or omitted with a pipe: standard input.")
     ] = None,
     type: Annotated[
-        str, typer.Option("--type", "-t", help="Message type (text, status_update, ...).")
+        str, Option("--type", "-t", help="Message type (text, status_update, ...).")
     ] = "text",
     meta: Meta = None,
     reply_to: Annotated[
-        str | None, typer.Option("--reply-to", help="Id of the message this answers.")
+        str | None, Option("--reply-to", help="Id of the message this answers.")
     ] = None,
     id: Annotated[
-        str | None, typer.Option("--id", help="Use this id (12 hex), to retry a send safely.")
+        str | None, Option("--id", help="Use this id (12 hex), to retry a send safely.")
     ] = None,
     home: Home = None,
     team: TeamName = None,
@@ -203,7 +202,7 @@ def send(
 @app.command("broadcast")
 def broadcast(
     content: Annotated[
-        str | None, typer.Argument(help="The body; '-' or omitted with a pipe: standard input.")
+        str | None, Argument(help="The body; '-' or omitted with a pipe: standard input.")
     ] = None,
     meta: Meta = None,
     home: Home = None,
@@ -226,17 +225,14 @@ def broadcast(
             message = bus.broadcast(body, metadata)
         finally:
             bus.close()
-        if json:
-            print_messages([message], json_out=True)
-        else:
-            sys.stdout.write(message.id + "\n")
+        say(encode(message).decode() if json else message.id + "\n")
 
     command(action)
 
 
 @app.command("read")
 def read(
-    peek: Annotated[bool, typer.Option("--peek", help="Show without consuming.")] = False,
+    peek: Annotated[bool, Option("--peek", help="Show without consuming.")] = False,
     home: Home = None,
     team: TeamName = None,
     agent: Agent = None,
@@ -249,10 +245,20 @@ def read(
       ralph-mail read --team demo --agent lead --json | jq .content
     """
 
-    def action() -> None:
-        bus = identity(home, team, agent).bus()
+    def action() -> int:
+        who = identity(home, team, agent)
+        if peek:  # looking consumes nothing and claims nothing: works beside the owner
+            from ralph_mail.history import History
+
+            view = History(who.need_team(), [who.need_agent()], home)
+            try:
+                deliver(view.unread(who.need_agent()), json)
+            finally:
+                view.close()
+            return 0
+        bus = who.bus()
         try:
-            print_messages(bus.peek() if peek else bus.poll(), json)
+            return deliver(bus.peek(), json, bus.commit)
         finally:
             bus.close()
 
@@ -263,13 +269,11 @@ def read(
 def wait(
     timeout: Annotated[
         float | None,
-        typer.Option(
-            "--timeout", help="Give up after S seconds (exit 1) [default: never].", metavar="S"
-        ),
+        Option("--timeout", help="Give up after S seconds (exit 1) [default: never].", metavar="S"),
     ] = None,
     type: Annotated[
         str | None,
-        typer.Option("--type", "-t", help="Wait for this type only; others stay unread."),
+        Option("--type", "-t", help="Wait for this type only; others stay unread."),
     ] = None,
     home: Home = None,
     team: TeamName = None,
@@ -289,13 +293,14 @@ def wait(
         bus = identity(home, team, agent).bus()
         try:
             if type is None:
-                messages = bus.wait_for_messages(timeout)
+                messages = bus.wait_for_messages(timeout, consume=False)
+                deliver(messages, json, bus.commit)
             else:
-                found = bus.wait_for_message(type, timeout)
+                found = bus.wait_for_message(type, timeout, consume=False)
                 messages = [found] if found is not None else []
+                deliver(messages, json, lambda message: bus.consume(message))
         finally:
             bus.close()
-        print_messages(messages, json)
         return 0 if messages else EXIT_NOTHING
 
     command(action)
@@ -304,11 +309,11 @@ def wait(
 @app.command("tail")
 def tail(
     inbox: Annotated[
-        str | None, typer.Argument(help="Whose inbox [default: mine].", metavar="AGENT")
+        str | None, Argument(help="Whose inbox [default: mine].", metavar="AGENT")
     ] = None,
-    lines: Annotated[int, typer.Option("-n", "--lines", help="How many messages.")] = 10,
-    follow: Annotated[bool, typer.Option("-f", "--follow", help="Then print new ones.")] = False,
-    everyone: Annotated[bool, typer.Option("--all", help="Merge every inbox of the team.")] = False,
+    lines: Annotated[int, Option("-n", "--lines", help="How many messages.")] = 10,
+    follow: Annotated[bool, Option("-f", "--follow", help="Then print new ones.")] = False,
+    everyone: Annotated[bool, Option("--all", help="Merge every inbox of the team.")] = False,
     home: Home = None,
     team: TeamName = None,
     agent: Agent = None,

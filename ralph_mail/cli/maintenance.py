@@ -5,22 +5,21 @@ from __future__ import annotations
 import sys
 from typing import Annotated
 
-import typer
-
 from ralph_mail.cli import EXIT_NO
 from ralph_mail.cli.app import Home, TeamName, app, command, identity
+from ralph_mail.cli.command import Option
 from ralph_mail.cli.render import print_json_lines
 from ralph_mail.errors import MailError
 
 _MARKS = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}
 
-Json = Annotated[bool, typer.Option("--json", help="One JSON record per line, for scripts.")]
+Json = Annotated[bool, Option("--json", help="One JSON record per line, for scripts.")]
 
 
 @app.command("doctor")
 def doctor(
     strict: Annotated[
-        bool, typer.Option("--strict", help="Count warnings as problems too (exit 3).")
+        bool, Option("--strict", help="Count warnings as problems too (exit 3).")
     ] = False,
     home: Home = None,
     team: TeamName = None,
@@ -44,9 +43,13 @@ def doctor(
         else:
             for finding in report.findings:
                 sys.stdout.write(f"{_MARKS[finding.level]}  {finding.message}\n")
+            failures = sum(1 for f in report.findings if f.level == "fail")
+            warnings = sum(1 for f in report.findings if f.level == "warn")
             verdict = "healthy" if report.healthy(strict) else "NOT healthy"
-            problems = len(report.problems)
-            sys.stdout.write(f"{report.home}: {verdict} ({problems} warning(s) or failure(s))\n")
+            pairs = ((failures, "failure"), (warnings, "warning"))
+            counts = [f"{n} {word}{'s' if n != 1 else ''}" for n, word in pairs if n]
+            detail = f" ({', '.join(counts)})" if counts else ""
+            sys.stdout.write(f"{report.home}: {verdict}{detail}\n")
         sys.stdout.flush()
         return 0 if report.healthy(strict) else EXIT_NO
 
@@ -56,7 +59,7 @@ def doctor(
 @app.command("gc")
 def gc(
     everyone: Annotated[
-        bool, typer.Option("--all", help="Every team in the home, not just --team.")
+        bool, Option("--all", help="Every team in the home, not just --team.")
     ] = False,
     home: Home = None,
     team: TeamName = None,
@@ -98,14 +101,17 @@ def gc(
                             "removed": c.removed,
                             "kept": c.kept,
                             "base": c.base,
+                            "messages": c.messages,
                         }
                         for c in result.compactions
                     ]
                 )
                 continue
             for c in result.compactions:
+                # What gc drops, tail can no longer show: say so in messages, not only bytes.
                 sys.stdout.write(
-                    f"{result.team}/{c.agent}: removed {c.removed} bytes, kept {c.kept}\n"
+                    f"{result.team}/{c.agent}: removed {c.messages} consumed message(s) "
+                    f"({c.removed} bytes; 'tail' no longer shows them), kept {c.kept} bytes\n"
                 )
             for path in result.removed_temp:
                 sys.stdout.write(f"{result.team}: removed leftover {path}\n")

@@ -17,15 +17,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated
 
-import typer
-
 from ralph_mail import protocol, settings
-from ralph_mail.cli import EXIT_NO, EXIT_NOTHING, EXIT_OK, error_line
-from ralph_mail.cli.app import Agent, Home, Json, TeamName, app, command, identity
-from ralph_mail.cli.render import console, is_terminal, print_json_lines, print_messages
+from ralph_mail.cli import EXIT_NO, EXIT_NOTHING, EXIT_OK, error_line, say
+from ralph_mail.cli.app import Agent, Home, Json, JsonRecords, TeamName, app, command, identity
+from ralph_mail.cli.command import Argument, Group, Option
+from ralph_mail.cli.render import console, is_terminal, print_json_lines, print_messages, safe
 from ralph_mail.cli.send import read_body
 from ralph_mail.errors import InvalidMessage, MailError
-from ralph_mail.message import Message, MessageType
+from ralph_mail.message import Message, MessageType, encode
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -33,28 +32,26 @@ if TYPE_CHECKING:
     from ralph_mail.bus import MessageBus
     from ralph_mail.orchestrator import Event, Plan, PlanReviewer, ShutdownReport, TeamOrchestrator
 
-plan_app = typer.Typer(
+plan_app = Group(
     help=(
         "Submit a plan to the lead and wait for its approval.\n\n"
         "\b\nExample:\n  ralph-mail plan submit '1. parse 2. test' --task T-1 --wait 60"
     ),
-    no_args_is_help=True,
 )
-app.add_typer(plan_app, name="plan")
+app.add_group(plan_app, "plan")
 
-shutdown_app = typer.Typer(
+shutdown_app = Group(
     help=(
         "Ask teammates to shut down (the lead), or answer such a request (a teammate).\n\n"
         "\b\nExample:\n  ralph-mail shutdown request --all --wait 30\n"
         "  ralph-mail shutdown respond --accept --reason 'idle'"
     ),
-    no_args_is_help=True,
 )
-app.add_typer(shutdown_app, name="shutdown")
+app.add_group(shutdown_app, "shutdown")
 
 Seconds = Annotated[
     float | None,
-    typer.Option("--wait", help="Wait up to S seconds for the answer.", metavar="S"),
+    Option("--wait", help="Wait up to S seconds for the answer.", metavar="S"),
 ]
 
 
@@ -65,11 +62,11 @@ def _seconds(value: float | None, option: str) -> float | None:
 
 
 def _print_sent(messages: list[Message], json_out: bool) -> None:
+    # The messages are delivered: an output that is gone must not make this fail.
     if json_out:
-        print_messages(messages, json_out=True)
+        say("".join(encode(message).decode() for message in messages))
     else:
-        sys.stdout.write("".join(f"{message.id}\n" for message in messages))
-        sys.stdout.flush()
+        say("".join(f"{message.id}\n" for message in messages))
 
 
 # -- a teammate's commands -----------------------------------------------------------------
@@ -77,15 +74,15 @@ def _print_sent(messages: list[Message], json_out: bool) -> None:
 
 @app.command("status")
 def status(
-    text: Annotated[str, typer.Argument(help="What I am doing; '-': standard input.")],
+    text: Annotated[str, Argument(help="What I am doing; '-': standard input.")],
     state: Annotated[
         str,
-        typer.Option("--state", "-s", help="idle, working, blocked, done or failed."),
+        Option("--state", "-s", help="idle, working, blocked, done or failed."),
     ] = "working",
-    task: Annotated[str | None, typer.Option("--task", help="The task it is about.")] = None,
+    task: Annotated[str | None, Option("--task", help="The task it is about.")] = None,
     progress: Annotated[
         str | None,
-        typer.Option("--progress", "-p", help="How far: a fraction from 0 to 1.", metavar="P"),
+        Option("--progress", "-p", help="How far: a fraction from 0 to 1.", metavar="P"),
     ] = None,
     home: Home = None,
     team: TeamName = None,
@@ -116,9 +113,9 @@ def status(
 def plan_submit(
     plan: Annotated[
         str | None,
-        typer.Argument(help="The plan; '-' or omitted with a pipe: standard input."),
+        Argument(help="The plan; '-' or omitted with a pipe: standard input."),
     ] = None,
-    task: Annotated[str | None, typer.Option("--task", help="The task it is for.")] = None,
+    task: Annotated[str | None, Option("--task", help="The task it is for.")] = None,
     wait: Seconds = None,
     home: Home = None,
     team: TeamName = None,
@@ -160,12 +157,12 @@ def plan_submit(
 
 @shutdown_app.command("respond")
 def shutdown_respond(
-    accept: Annotated[bool, typer.Option("--accept", help="I will stop.")] = False,
-    reject: Annotated[bool, typer.Option("--reject", help="I refuse, for good.")] = False,
+    accept: Annotated[bool, Option("--accept", help="I will stop.")] = False,
+    reject: Annotated[bool, Option("--reject", help="I refuse, for good.")] = False,
     defer: Annotated[
-        bool, typer.Option("--defer", help="Not yet (busy): the lead asks again later.")
+        bool, Option("--defer", help="Not yet (busy): the lead asks again later.")
     ] = False,
-    reason: Annotated[str | None, typer.Option("--reason", "-r", help="Why.")] = None,
+    reason: Annotated[str | None, Option("--reason", "-r", help="Why.")] = None,
     home: Home = None,
     team: TeamName = None,
     agent: Agent = None,
@@ -246,11 +243,11 @@ def _orchestrator(
 
 @app.command("assign")
 def assign(
-    agent_name: Annotated[str, typer.Argument(help="Who gets the task.", metavar="AGENT")],
-    task_id: Annotated[str, typer.Argument(help="The task's id, e.g. T-1.")],
+    agent_name: Annotated[str, Argument(help="Who gets the task.", metavar="AGENT")],
+    task_id: Annotated[str, Argument(help="The task's id, e.g. T-1.")],
     description: Annotated[
         str | None,
-        typer.Argument(help="What to do; '-' or omitted with a pipe: standard input."),
+        Argument(help="What to do; '-' or omitted with a pipe: standard input."),
     ] = None,
     home: Home = None,
     team: TeamName = None,
@@ -274,19 +271,15 @@ def assign(
 
 @shutdown_app.command("request")
 def shutdown_request(
-    agents: Annotated[
-        list[str] | None, typer.Argument(help="Whom to ask.", metavar="[AGENT]...")
-    ] = None,
-    everyone: Annotated[bool, typer.Option("--all", help="Ask every teammate.")] = False,
+    agents: Annotated[list[str] | None, Argument(help="Whom to ask.", metavar="[AGENT]...")] = None,
+    everyone: Annotated[bool, Option("--all", help="Ask every teammate.")] = False,
     reason: Annotated[
-        str, typer.Option("--reason", "-r", help="Why (the request's content).")
+        str, Option("--reason", "-r", help="Why (the request's content).")
     ] = "the work is done",
     wait: Seconds = None,
     retry: Annotated[
         float,
-        typer.Option(
-            "--retry", help="Ask an agent that deferred again after S seconds.", metavar="S"
-        ),
+        Option("--retry", help="Ask an agent that deferred again after S seconds.", metavar="S"),
     ] = settings.SHUTDOWN_RETRY_S,
     home: Home = None,
     team: TeamName = None,
@@ -373,7 +366,7 @@ class _Display:
             print_json_lines(
                 [
                     {
-                        "time": _clock(event.time, precise=True),
+                        "time": _iso(event.time),
                         "kind": event.kind.value,
                         "agent": event.agent,
                         "text": event.text,
@@ -382,7 +375,7 @@ class _Display:
                 ]
             )
         elif not self.live:
-            text = event.text.replace("\n", " ")
+            text = safe(event.text, newlines=False)
             sys.stdout.write(f"{_clock(event.time)} {event.agent} {event.kind.value} {text}\n")
             sys.stdout.flush()
         else:
@@ -446,6 +439,13 @@ _STATE_STYLE = {
     "failed": "red",
     "unknown": "dim",
 }
+
+
+def _iso(when: float) -> str:
+    """A full UTC timestamp, as the messages' ts: scripts need the date too."""
+    from ralph_mail.message import format_ts
+
+    return format_ts(int(when * 1_000_000))
 
 
 def _clock(when: float, precise: bool = False) -> str:
@@ -549,7 +549,7 @@ def _nothing() -> Iterator[None]:
 def lead(
     review: Annotated[
         str,
-        typer.Option(
+        Option(
             "--review",
             help="Plan review: auto, reject, prompt (ask here) or cmd:COMMAND (the plan on "
             "its stdin; exit 0 approves; its output is the feedback).",
@@ -558,11 +558,11 @@ def lead(
     ] = "auto",
     review_timeout: Annotated[
         float,
-        typer.Option("--review-timeout", help="A cmd: review running longer rejects.", metavar="S"),
+        Option("--review-timeout", help="A cmd: review running longer rejects.", metavar="S"),
     ] = settings.PLAN_REVIEW_TIMEOUT_S,
     until_done: Annotated[
         bool,
-        typer.Option(
+        Option(
             "--until-done",
             help="Once every teammate reports done (or failed), ask all to shut down and "
             "exit: 0 all accepted, 3 one refused, 1 one did not answer.",
@@ -570,15 +570,15 @@ def lead(
     ] = False,
     shutdown_timeout: Annotated[
         float,
-        typer.Option("--shutdown-timeout", help="How long a shutdown waits.", metavar="S"),
+        Option("--shutdown-timeout", help="How long a shutdown waits.", metavar="S"),
     ] = settings.SHUTDOWN_TIMEOUT_S,
     timeout: Annotated[
         float | None,
-        typer.Option("--timeout", help="Stop after S seconds (exit 1 if not done).", metavar="S"),
+        Option("--timeout", help="Stop after S seconds (exit 1 if not done).", metavar="S"),
     ] = None,
     home: Home = None,
     team: TeamName = None,
-    json: Json = False,
+    json: JsonRecords = False,
 ) -> None:
     """Run the team's lead: handle status updates, review plans, answer shutdowns.
 
@@ -648,11 +648,11 @@ def _lead_loop(
 def demo(
     home: Annotated[
         str | None,
-        typer.Option("--home", help="Keep the team's mail here [default: a temporary home]."),
+        Option("--home", help="Keep the team's mail here [default: a temporary home]."),
     ] = None,
     delay: Annotated[
         float,
-        typer.Option("--delay", help="Seconds per simulated work step.", metavar="S"),
+        Option("--delay", help="Seconds per simulated work step.", metavar="S"),
     ] = 0.6,
 ) -> None:
     """Watch a whole team work: a lead and three workers, as processes, in a temporary home.

@@ -1,9 +1,18 @@
-"""How messages and tables look: rich on a terminal, plain text in a pipe, JSON on request."""
+"""How messages and tables look: rich on a terminal, plain text in a pipe, JSON on request.
+
+What is shown is escaped: a message is data from another process, and control
+characters in it (clear screen, a window title, an OSC 52 clipboard write, a carriage
+return that overwrites a line, a bidi override) must not reach the terminal raw, nor a
+newline in metadata forge a second message line. ``--json`` stays the exact envelope.
+"""
 
 from __future__ import annotations
 
+import io
+import os
+import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from ralph_mail.message import Message, encode
@@ -29,15 +38,94 @@ def console() -> Console:
     return _console
 
 
+#: C0 and C1 controls but newline and tab, DEL, and the Unicode line separators and
+#: bidi overrides that can make shown text lie about what it is.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def safe(text: str, *, newlines: bool = True) -> str:
+    """``text`` with every control character shown as an escape (``\\x1b``); with
+    ``newlines=False`` newlines and tabs too (for one-line fields such as metadata).
+
+    >>> safe("a\x1b[2Jb"), safe("x\ny", newlines=False)
+    ('a\\x1b[2Jb', 'x\\ny')
+    """
+    text = _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256
+                       else f"\\u{ord(m.group()):04x}", text)  # fmt: skip
+    if not newlines:
+        text = text.replace("\n", "\\n").replace("\t", "\\t")
+    return text
+
+
 def plain_line(message: Message) -> str:
     """One message as one line of text (continuation lines of the body are indented)."""
     parts = [message.ts, message.from_agent, "->", message.to_agent, f"[{message.type}]"]
-    line = " ".join(parts) + " " + message.content.replace("\n", "\n    ")
+    line = (
+        safe(" ".join(parts), newlines=False) + " " + safe(message.content).replace("\n", "\n    ")
+    )
     if message.metadata:
-        line += " {" + ", ".join(f"{k}={v}" for k, v in message.metadata.items()) + "}"
+        pairs = ", ".join(f"{k}={v}" for k, v in message.metadata.items())
+        line += " {" + safe(pairs, newlines=False) + "}"
     if message.reply_to:
-        line += f" (re {message.reply_to})"
-    return line + f" #{message.id}"
+        line += f" (re {safe(message.reply_to, newlines=False)})"
+    return line + f" #{safe(message.id, newlines=False)}"
+
+
+def deliver(
+    messages: Iterable[Message],
+    json_out: bool = False,
+    commit: Callable[[Message], object] | None = None,
+) -> int:
+    """Print ``messages`` one at a time, each written out before the next, then
+    ``commit`` through the last one that went out: a reader that goes away (``| head``)
+    or an output that fails (a full disk, a closed stdout) consumes only what it got.
+
+    Returns 0, or 141 when the reader went away.
+    """
+    written: Message | None = None
+    try:
+        for message in messages:
+            _write_out(message, json_out)
+            written = message
+    except BrokenPipeError:
+        _commit(commit, written)
+        from ralph_mail.cli import EXIT_BROKEN_PIPE, _silence_stdout
+
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except (OSError, ValueError, AttributeError) as exc:
+        _commit(commit, written)
+        from ralph_mail.errors import MailError
+
+        reason = getattr(exc, "strerror", None) or "it is closed"
+        raise MailError(
+            f"cannot write to standard output ({reason}): the messages not shown stay unread"
+        ) from None
+    _commit(commit, written)
+    return 0
+
+
+def _commit(commit: Callable[[Message], object] | None, written: Message | None) -> None:
+    if commit is not None and written is not None:
+        commit(written)
+
+
+def _write_out(message: Message, json_out: bool) -> None:
+    if json_out or not is_terminal():
+        data = encode(message) if json_out else (plain_line(message) + "\n").encode()
+        try:
+            fd = sys.stdout.fileno()
+        except (AttributeError, ValueError, io.UnsupportedOperation):  # not a file (a test)
+            sys.stdout.write(data.decode())
+            sys.stdout.flush()
+            return
+        sys.stdout.flush()  # anything printed before goes first
+        view = memoryview(data)
+        while view:  # straight to the descriptor: what returned has left this process
+            view = view[os.write(fd, view) :]
+        return
+    print_messages([message])
+    sys.stdout.flush()
 
 
 def print_messages(messages: Iterable[Message], json_out: bool = False) -> None:
@@ -57,18 +145,18 @@ def print_messages(messages: Iterable[Message], json_out: bool = False) -> None:
 
     for message in messages:
         text = Text()
-        text.append(message.ts[11:23], style="dim")
-        text.append(f" {message.from_agent}", style="bold cyan")
+        text.append(safe(message.ts[11:23], newlines=False), style="dim")
+        text.append(f" {safe(message.from_agent, newlines=False)}", style="bold cyan")
         text.append(" → ")
-        text.append(message.to_agent, style="bold")
-        text.append(f" {message.type}", style="magenta")
-        text.append(f"  {message.content}")
+        text.append(safe(message.to_agent, newlines=False), style="bold")
+        text.append(f" {safe(str(message.type), newlines=False)}", style="magenta")
+        text.append(f"  {safe(message.content)}")
         if message.metadata:
             meta = " ".join(f"{k}={v}" for k, v in message.metadata.items())
-            text.append(f"  {meta}", style="yellow")
+            text.append(f"  {safe(meta, newlines=False)}", style="yellow")
         if message.reply_to:
-            text.append(f"  re {message.reply_to}", style="dim")
-        text.append(f"  #{message.id}", style="dim")
+            text.append(f"  re {safe(message.reply_to, newlines=False)}", style="dim")
+        text.append(f"  #{safe(message.id, newlines=False)}", style="dim")
         console().print(text)
 
 

@@ -1,6 +1,6 @@
-"""``ralph-mail send``: shared by the typer command and the start-up fast path.
+"""Identity, message bodies and ``send``, shared by the commands.
 
-Nothing here imports typer or rich: this module is on the path of every shell send.
+Nothing here imports rich: this module is on the path of every shell send.
 """
 
 from __future__ import annotations
@@ -53,7 +53,12 @@ def read_body(content: str | None, limit: int) -> str:
         return content
     if content is None and sys.stdin.isatty():
         raise MailError("no content: pass CONTENT, or '-' or a pipe to read standard input")
-    raw = sys.stdin.buffer.read(limit + 1)
+    try:
+        raw = sys.stdin.buffer.read(limit + 1)
+    except OSError as exc:
+        raise MailError(
+            f"cannot read the body from standard input ({exc.strerror or exc}): pass CONTENT"
+        ) from None
     if len(raw) > limit:
         raise InvalidMessage(
             f"standard input is over the {limit}-byte message limit: send a shorter body "
@@ -70,12 +75,14 @@ def read_body(content: str | None, limit: int) -> str:
 
 
 def parse_meta(pairs: Sequence[str]) -> dict[str, str]:
-    """``k=v`` strings into a dict; a pair without ``=`` is refused."""
+    """``k=v`` strings into a dict; a pair without ``=``, or a key given twice, is refused."""
     metadata: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise MailError(f"invalid --meta {pair!r}: write it as KEY=VALUE")
+        if key in metadata:
+            raise MailError(f"--meta {key!r} is given twice: give each key once")
         metadata[key] = value
     return metadata
 
@@ -96,8 +103,10 @@ class SendRequest:
     def run(self) -> int:
         """Send; print the id (or the envelope with ``--json``)."""
         from ralph_mail import settings
+        from ralph_mail.protocol import check_outgoing
 
         metadata = parse_meta(self.meta)
+        check_outgoing(self.type, metadata)
         body = read_body(self.content, settings.max_message_bytes())
         bus = self.identity.bus()
         try:
@@ -106,71 +115,12 @@ class SendRequest:
             )
         finally:
             bus.close()
+        from ralph_mail.cli import say
+
         if self.json:
             from ralph_mail.message import encode
 
-            sys.stdout.buffer.write(encode(message))
+            say(encode(message).decode())
         else:
-            sys.stdout.write(message.id + "\n")
-        sys.stdout.flush()
+            say(message.id + "\n")
         return 0
-
-
-_VALUED = {
-    "--type": "type",
-    "-t": "type",
-    "--meta": "meta",
-    "-m": "meta",
-    "--reply-to": "reply_to",
-    "--id": "id",
-    "--home": "home",
-    "--team": "team",
-    "--agent": "agent",
-}
-
-
-def parse_fast(args: Sequence[str]) -> SendRequest | None:
-    """Parse ``send``'s arguments without typer; None when typer should handle them.
-
-    Only the exact options of ``send`` are understood here; anything else (``--help``,
-    an unknown option, a missing value) is left to the typer app, so help texts and
-    usage errors come from one place.
-    """
-    positional: list[str] = []
-    values: dict[str, str] = {}
-    meta: list[str] = []
-    json_out = False
-    index = 0
-    while index < len(args):
-        arg = args[index]
-        index += 1
-        if arg == "--json":
-            json_out = True
-        elif arg == "-" or not arg.startswith("-"):
-            positional.append(arg)
-        else:
-            name, sep, value = arg.partition("=")
-            key = _VALUED.get(name)
-            if key is None:
-                return None
-            if not sep:
-                if index >= len(args):
-                    return None
-                value = args[index]
-                index += 1
-            if key == "meta":
-                meta.append(value)
-            else:
-                values[key] = value
-    if not 1 <= len(positional) <= 2:
-        return None
-    return SendRequest(
-        to=positional[0],
-        content=positional[1] if len(positional) > 1 else None,
-        type=values.get("type", "text"),
-        meta=meta,
-        reply_to=values.get("reply_to"),
-        id=values.get("id"),
-        json=json_out,
-        identity=Identity(values.get("home"), values.get("team"), values.get("agent")),
-    )

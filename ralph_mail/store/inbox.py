@@ -341,6 +341,8 @@ class InboxLog:
         # on from here: gc's base is never 0, and lies between the old base and end.
         if self.follows(old.inode, new.inode) or (new.base > 0 and old.base <= new.base <= end):
             return end
+        if new.base > end:  # a viewer more than one compaction behind: on at the new start
+            return new.base
         warnings.warn(
             f"inbox {self.path} was replaced by a new file: reading it from its start",
             RuntimeWarning,

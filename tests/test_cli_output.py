@@ -1,0 +1,227 @@
+"""The command line where its output or input goes wrong: closed or full streams, a reader
+that leaves, hostile text, bad values; and start-up paths (Ctrl-C, --version)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import BOUND_S, cli_env, ralph
+
+from ralph_mail import MessageBus, Team
+
+ME = ("--team", "demo", "--agent", "worker-1")
+LEAD = ("--team", "demo", "--agent", "lead")
+
+
+def run_shell(home: Path, script: str) -> subprocess.CompletedProcess[bytes]:
+    """``bash -c script`` with ralph-mail on the PATH and ``home`` as RALPH_HOME."""
+    env = cli_env(home)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    return subprocess.run(["bash", "-c", script], env=env, capture_output=True, timeout=BOUND_S)
+
+
+def fill(count: int, size: int = 10) -> list[str]:
+    sender = MessageBus("demo", "worker-1")
+    return [sender.send("lead", "text", f"{n}:" + "x" * size).id for n in range(count)]
+
+
+def unread(agent: str = "lead") -> list[str]:
+    return [m.id for m in MessageBus("demo", agent).peek()]
+
+
+def test_read_into_a_closed_pipe_consumes_nothing(team: Team) -> None:
+    """read whose reader has already gone exits 141 and leaves every message unread."""
+    ids = fill(5)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    done = subprocess.run(
+        [sys.executable, "-m", "ralph_mail", "read", *LEAD],
+        stdout=write_end, stderr=subprocess.PIPE, env=cli_env(team.home), timeout=BOUND_S,
+    )  # fmt: skip
+    os.close(write_end)
+    assert done.returncode == 141 and b"Traceback" not in done.stderr
+    assert unread() == ids
+
+
+def test_read_piped_to_head_consumes_only_what_went_out(team: Team) -> None:
+    """read | head -n 1 with lines bigger than the pipe: the line head took is consumed,
+    the rest stays unread: nothing is lost, and nothing shown is delivered again."""
+    ids = fill(5, size=200_000)
+    done = run_shell(
+        team.home,
+        "ralph-mail read --json --team demo --agent lead | head -n 1 | wc -l; "
+        "echo ${PIPESTATUS[0]}",
+    )
+    assert done.stdout.split() == [b"1", b"141"] and b"Traceback" not in done.stderr
+    assert unread() == ids[1:]
+
+
+def test_read_piped_to_head_that_takes_part_of_a_line_consumes_nothing(team: Team) -> None:
+    """A reader that leaves in the middle of the first line: that line did not go out
+    whole, so nothing is consumed."""
+    ids = fill(3, size=200_000)
+    run_shell(team.home, "ralph-mail read --json --team demo --agent lead | head -c 10")
+    assert unread() == ids
+
+
+def test_read_into_a_full_disk_is_one_error_and_consumes_nothing(team: Team) -> None:
+    """read > /dev/full: one error line, exit 2, every message still unread."""
+    ids = fill(3)
+    done = run_shell(team.home, "ralph-mail read --team demo --agent lead > /dev/full")
+    assert done.returncode == 2 and done.stderr.count(b"\n") == 1
+    assert b"ralph-mail: error:" in done.stderr and b"Traceback" not in done.stderr
+    assert unread() == ids
+
+
+@pytest.mark.parametrize("command", [("wait", "--timeout", "5"), ("read",), ("tail",)])
+def test_a_closed_stdout_is_one_error_and_consumes_nothing(
+    team: Team, command: tuple[str, ...]
+) -> None:
+    """wait, read and tail with standard output closed: one error line, exit 2, nothing
+    consumed."""
+    ids = fill(2)
+    done = run_shell(team.home, f"ralph-mail {' '.join(command)} --team demo --agent lead >&-")
+    assert done.returncode == 2 and b"standard output is closed" in done.stderr
+    assert b"Traceback" not in done.stderr and unread() == ids
+
+
+def test_wait_for_a_type_with_a_closed_stdout_keeps_the_message(team: Team) -> None:
+    """wait --type with standard output closed leaves the matched message unread."""
+    [first] = fill(1)
+    done = run_shell(
+        team.home, "ralph-mail wait --type text --timeout 5 --team demo --agent lead >&-"
+    )
+    assert done.returncode == 2 and unread() == [first]
+
+
+def test_a_delivered_send_exits_0_even_when_stdout_is_closed(team: Team) -> None:
+    """send, broadcast and status with stdout closed deliver once and exit 0: a retry loop
+    must not send twice."""
+    script = (
+        "ralph-mail send lead hi --team demo --agent worker-1 >&- && "
+        "ralph-mail broadcast all --team demo --agent worker-1 >&- && "
+        "ralph-mail status busy --team demo --agent worker-1 >&-"
+    )
+    done = run_shell(team.home, script)
+    assert done.returncode == 0 and done.stderr == b""
+    assert [m.content for m in MessageBus("demo", "lead").poll()] == ["hi", "all", "busy"]
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["send lead", "broadcast", "plan submit", "assign worker-2 T-1", "status -"],
+)
+def test_a_closed_stdin_is_one_error_and_sends_nothing(team: Team, command: str) -> None:
+    """A body to read from a closed standard input: one error line, exit 2, nothing sent."""
+    done = run_shell(team.home, f"ralph-mail {command} --team demo --agent worker-1 <&-")
+    assert done.returncode == 2 and done.stderr.count(b"\n") == 1
+    assert b"Traceback" not in done.stderr
+    assert all(not MessageBus("demo", a).peek() for a in ("lead", "worker-2"))
+
+
+@pytest.mark.parametrize("command", [("team", "list"), ("gc", "--all"), ("doctor",)])
+def test_a_home_that_is_a_file_is_one_error(tmp_path: Path, command: tuple[str, ...]) -> None:
+    """RALPH_HOME pointing at a regular file: one error line naming it, no traceback."""
+    home = tmp_path / "not-a-dir"
+    home.write_text("x")
+    done = ralph(home, *command)
+    assert done.returncode in (2, 3) and b"Traceback" not in done.stderr
+    assert str(home).encode() in done.stderr + done.stdout
+
+
+ESCAPES = "\x1b[2J\x1b]0;owned\x07\x1b]52;c;ZXZpbA==\x07\r\u202e"
+
+
+@pytest.mark.parametrize("command", [("read",), ("tail", "lead")])
+def test_escape_sequences_never_reach_the_terminal_raw(
+    team: Team, command: tuple[str, ...]
+) -> None:
+    """Control characters in a message are shown escaped; a newline in metadata does not
+    forge a second message line."""
+    MessageBus("demo", "worker-1").send("lead", "text", f"hi{ESCAPES}there", {"k": "a\nforged"})
+    out = ralph(team.home, *command, *LEAD).stdout
+    assert b"\x1b" not in out and b"\x07" not in out and b"\r" not in out
+    assert "\u202e".encode() not in out and b"\\x1b[2J" in out
+    assert out.count(b"\n") == 1
+
+
+def test_json_output_keeps_the_exact_envelope(team: Team) -> None:
+    """--json prints the message exactly, escapes and all (JSON-escaped by the encoder)."""
+    MessageBus("demo", "worker-1").send("lead", "text", f"hi{ESCAPES}")
+    out = ralph(team.home, "tail", "lead", "--json", *LEAD).stdout
+    assert out == (team.store.root / "mailbox" / "lead.jsonl").read_bytes()
+
+
+@pytest.mark.parametrize(
+    "args, env, fragment",
+    [
+        (("wait", "--timeout", "nan"), {}, b"not a finite number"),
+        (("wait", "--timeout", "inf"), {}, b"not a finite number"),
+        (("send", "lead", "x"), {"RALPH_MAX_MESSAGE_BYTES": "abc"}, b"RALPH_MAX_MESSAGE_BYTES"),
+        (("send", "lead", "x", "--meta", "k=1", "--meta", "k=2"), {}, b"given twice"),
+        (("send", "lead", "x", "--type", "status_update", "--meta", "state=bogus"), {},
+         b"invalid state 'bogus'"),
+        (("send", "lead", "x", "--type", "plan_approval"), {}, b"approved=true"),
+    ],
+)  # fmt: skip
+def test_bad_values_are_refused_in_one_line(
+    team: Team, args: tuple[str, ...], env: dict[str, str], fragment: bytes
+) -> None:
+    """nan timeouts, a bad size in the environment, a key twice, bad protocol metadata:
+    one error line naming the value, exit 2, nothing sent."""
+    done = ralph(team.home, *args, *ME, **env)
+    assert done.returncode == 2 and fragment in done.stderr, done.stderr
+    assert done.stderr.count(b"\n") == 1 and unread() == []
+
+
+def test_version_prints_the_version(home: Path) -> None:
+    """--version prints 'ralph-mail X.Y.Z' and exits 0."""
+    from importlib.metadata import version
+
+    done = ralph(home, "--version")
+    assert done.returncode == 0 and done.stdout == f"ralph-mail {version('ralph_mail')}\n".encode()
+
+
+def test_ctrl_c_at_any_moment_of_start_up_exits_130_quietly(team: Team) -> None:
+    """SIGINT landing anywhere in a wait's own start-up (its imports included, orjson's
+    among them): exit 130, never a traceback or a crash. A signal that lands while the
+    interpreter itself starts (before any line of ralph_mail runs) is Python's, not ours:
+    those tries are told apart by the interpreter's own message and not counted."""
+    ours = 0
+    for attempt in range(40):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ralph_mail", "wait", "--timeout", "5", *LEAD],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(team.home),
+        )  # fmt: skip
+        # Spread the signal over the start-up: 0 to ~120 ms after the start.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=attempt * 0.003)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=BOUND_S)
+        interpreters_own = (b"init_import_site", b"Could not import runpy")
+        if any(m in err for m in interpreters_own) or proc.returncode == -signal.SIGINT:
+            continue  # the interpreter had not started to run ralph_mail yet
+        ours += 1
+        assert proc.returncode == 130 and b"Traceback" not in err, (proc.returncode, err)
+    assert ours >= 10
+
+
+def test_declining_team_delete_exits_3(team: Team, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Answering no at the delete prompt keeps the team and exits 3 (the answer was no)."""
+    from ralph_mail.cli import command, main
+
+    class Terminal:
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Terminal())
+    monkeypatch.setattr(command, "confirm", lambda question: False)
+    monkeypatch.setattr("ralph_mail.cli.mail.confirm", lambda question: False)
+    assert main(["team", "delete", "demo"]) == 3
+    assert MessageBus("demo", "lead").peek() == []  # the team is still there
