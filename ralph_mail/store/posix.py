@@ -49,7 +49,17 @@ def open_dir(name: str, dir_fd: int | None = None, *, create: bool = False) -> i
             fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
             os.fchmod(fd, DIR_MODE)
             return fd
-    return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        # O_DIRECTORY | O_NOFOLLOW on a symlink fails with ENOTDIR: say what it is.
+        if exc.errno in (errno.ENOTDIR, errno.ELOOP) and os.path.islink(
+            name if dir_fd is None else f"/proc/self/fd/{dir_fd}/{name}"
+        ):
+            raise StoreError(
+                f"{name} is a symlink: refusing to follow it; remove it", name
+            ) from None
+        raise
 
 
 def open_file(name: str, flags: int, dir_fd: int | None = None) -> int:
