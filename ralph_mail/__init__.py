@@ -8,9 +8,10 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
+TYPE_CHECKING = False  # not typing's: importing typing here would cost start-up time
 if TYPE_CHECKING:
+    from typing import Any
+
     from ralph_mail.agent import PlanDecision, Task, TeamAgent
     from ralph_mail.bus import MessageBus
     from ralph_mail.errors import (

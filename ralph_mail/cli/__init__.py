@@ -11,7 +11,17 @@ from __future__ import annotations
 
 import signal
 import sys
-from collections.abc import Callable, Sequence
+
+# Ctrl-C from here until the imports are done is held, not raised (see `main`): orjson
+# 3.13 can crash when KeyboardInterrupt lands inside its import, and a half-imported
+# module would print a traceback. Set before anything else is imported.
+_held: list[int] = []
+try:
+    _previous = signal.signal(signal.SIGINT, lambda signum, frame: _held.append(signum))
+except ValueError:  # not the main thread (a test importing this): nothing to hold
+    _previous = None
+
+from collections.abc import Callable, Sequence  # noqa: E402
 
 #: Exit codes (contract): done; nothing came; bad input or usage; the answer was no.
 EXIT_OK = 0
@@ -106,22 +116,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout = _Closed("output")
     if sys.stdin is None:
         sys.stdin = _Closed("input")
-    # Ctrl-C during the imports is held until they are done: orjson 3.13 can crash when
-    # KeyboardInterrupt lands inside its import, and a half-imported module would print
-    # a traceback. Then it counts as an interrupt: exit 130, quietly.
-    held: list[int] = []
     try:
-        previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
-    except ValueError:  # not the main thread (a test calling main): nothing to hold
-        previous = None
-    try:
+        import ralph_mail.bus  # noqa: F401 - what almost every command needs, orjson among it
         from ralph_mail.cli.app import full_app, run
 
         full_app()
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
-    if held:
+        if _previous is not None:
+            signal.signal(signal.SIGINT, _previous)
+    if _held:  # Ctrl-C came while starting: an interrupt, quietly
         return EXIT_INTERRUPTED
     try:
         return run(args)
