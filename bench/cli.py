@@ -1,9 +1,10 @@
-"""Command line: wall time of ``ralph-mail send`` and ``ralph-mail read`` against a bare
-start of the very same interpreter (``python -c pass``).
+"""Command line: wall time of the commands agents call in loops (``send``, ``read``,
+``wait --timeout 0``, ``tail -n 5``, ``status``) against a bare start of the very same
+interpreter (``python -c pass``).
 
 Agents that shell out once per message pay the process start-up on every message, so
-this is the figure a bash loop sees. Runs are interleaved (bare, send, read, bare, …)
-so a burst of outside load hits all three alike. Each run is one fork/exec timed from
+this is the figure a bash loop sees. Runs are interleaved (bare, send, read, wait, …)
+so a burst of outside load hits all of them alike. Each run is one fork/exec timed from
 spawn to reap; peak RSS comes from one more run under GNU time.
 """
 
@@ -133,6 +134,16 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
             extra={"rss_mib": []},
         )
     )
+    more = {
+        key: sec.add(
+            Row(key, label, "ms", "lower", anchor=bare.key, status=status, extra={"rss_mib": []})
+        )
+        for key, label in (
+            ("cli_wait", "ralph-mail wait --timeout 0 (nothing new)"),
+            ("cli_tail", "ralph-mail tail -n 5"),
+            ("cli_status", "ralph-mail status"),
+        )
+    }
     bare_s = sec.add(
         Row(
             "bare_python_nosite",
@@ -176,6 +187,21 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
             ),
             (read, [str(exe), "read"], child_env(env | {"RALPH_AGENT": "reader"})),
             (
+                more["cli_wait"],
+                [str(exe), "wait", "--timeout", "0"],
+                child_env(env | {"RALPH_AGENT": "sender"}),
+            ),
+            (
+                more["cli_tail"],
+                [str(exe), "tail", "reader", "-n", "5"],
+                child_env(env | {"RALPH_AGENT": "sender"}),
+            ),
+            (
+                more["cli_status"],
+                [str(exe), "status", "parsing", "--state", "working"],
+                child_env(env | {"RALPH_AGENT": "sender"}),
+            ),
+            (
                 send_s,
                 [sys.executable, "-S", str(exe), *argv_send],
                 child_env(env | {"RALPH_AGENT": "sender", "PYTHONPATH": nosite_path(rm)}),
@@ -189,7 +215,7 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
                 if row is read and feeder is not None:
                     feeder.send("reader", rm.MessageType.TEXT, "one new message")  # type: ignore[union-attr]
                 result = run_cmd(argv, env)
-                if result.code != 0:
+                if result.code not in (0, 1):  # 1: wait --timeout 0 found nothing
                     row.status = f"failed: exit {result.code}: {result.stderr.strip()[-300:]}"
                 elif i >= WARMUP:
                     row.values.append(result.seconds * 1e3)

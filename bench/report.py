@@ -311,24 +311,25 @@ def targets(secs: Sections) -> list[Target]:
                 lambda r: r <= 1.2,
                 "{r:.2f}x",
             )
-    add_ratio(
-        "cli_send",
-        "ralph-mail send vs bare interpreter",
-        row(cli, "cli_send"),
-        row(cli, "bare_python"),
-        "≤ 6x",
-        time_ratio,
-        lambda r: r <= 6.0,
-        "{r:.1f}x",
-    )
+    for command in ("send", "read", "wait", "tail", "status"):
+        add_ratio(
+            f"cli_{command}",
+            f"ralph-mail {command} vs bare interpreter",
+            row(cli, f"cli_{command}"),
+            row(cli, "bare_python"),
+            "≤ 4x",
+            time_ratio,
+            lambda r: r <= 4.0,
+            "{r:.1f}x",
+        )
     add_ratio(
         "cli_send_nosite",
         "ralph-mail send vs bare start, both run with -S (no site hooks)",
         row(cli, "cli_send_nosite"),
         row(cli, "bare_python_nosite"),
-        "≤ 6x",
+        "≤ 4x",
         time_ratio,
-        lambda r: r <= 6.0,
+        lambda r: r <= 4.0,
         "{r:.1f}x",
     )
     return out

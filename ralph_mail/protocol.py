@@ -12,7 +12,6 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
@@ -206,4 +205,6 @@ def derived_id(*parts: str) -> str:
     >>> derived_id("lead", "w1:0123456789ab", "0") == derived_id("lead", "w1:0123456789ab", "0")
     True
     """
+    import hashlib  # only the lead derives ids: a shell status need not load it
+
     return hashlib.blake2b("\0".join(parts).encode(), digest_size=6).hexdigest()

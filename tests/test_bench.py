@@ -30,6 +30,10 @@ TARGETS = {
     "poll_vs_raw",
     "poll_backlog",
     "cli_send",
+    "cli_read",
+    "cli_wait",
+    "cli_tail",
+    "cli_status",
     "cli_send_nosite",
 }
 #: Statuses that are not a failure: an optional peer missing, or no ralph-mail script
