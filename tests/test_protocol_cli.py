@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from collections import deque
 
 import orjson
 import pytest
@@ -440,8 +441,8 @@ def test_lead_shows_a_live_table_on_a_terminal(team: Team, children: Children) -
     lead.expect("parsing")
     lead.popen.send_signal(signal.SIGTERM)
     assert lead.finish() == 0
-    assert "team demo: lead lead" in lead.screen and "┃ agent" in lead.screen
-    assert "│ worker-1 │ working" in lead.screen
+    assert "team demo: lead lead" in lead.screen and " agent " in lead.screen
+    assert "worker-1 working" in lead.screen
     assert "lead stopped" in lead.screen and "Traceback" not in lead.screen
 
 
@@ -464,3 +465,28 @@ def test_lead_prompt_review_asks_the_person_at_the_terminal(team: Team, children
     assert waiter.finish() == 3 and waiter.output == "too big: split it"
     lead.popen.send_signal(signal.SIGTERM)
     assert lead.finish() == 0
+
+
+def test_the_live_table_fits_80_columns_with_every_column(team: Team) -> None:
+    """At 80 columns the lead's table keeps every column, 'last' included, one line a row;
+    events print above it, where they stay."""
+    from rich.console import Console
+
+    from ralph_mail.cli import protocol as cli_protocol
+    from ralph_mail.orchestrator import AgentProgress, TeamOrchestrator
+
+    orch = TeamOrchestrator("demo")
+    for name in ("worker-1", "worker-2"):
+        orch.progress[name] = AgentProgress(
+            name, "working", "T-1", 0.5, "a long status text " * 5, "2026-11-23T10:00:00.000000Z",
+            "rejected", "requested",
+        )  # fmt: skip
+    console = Console(width=80, record=True, force_terminal=True)
+    console.print(cli_protocol._render(orch, deque()))
+    text = console.export_text()
+    header = next(line for line in text.splitlines() if "agent" in line)
+    assert all(name in header for name in ("state", "task", "progress", "plan", "last", "seen"))
+    assert "a long status" in text  # "last" keeps room for what the agent said
+    assert sum("worker-" in line for line in text.splitlines()) == 2
+    assert max(len(line) for line in text.splitlines()) <= 80
+    orch.close()

@@ -28,6 +28,7 @@ from ralph_mail.message import Message, MessageType, encode
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
+    from rich.text import Text
 
     from ralph_mail.bus import MessageBus
     from ralph_mail.orchestrator import Event, Plan, PlanReviewer, ShutdownReport, TeamOrchestrator
@@ -379,6 +380,9 @@ class _Display:
             sys.stdout.write(f"{_clock(event.time)} {event.agent} {event.kind.value} {text}\n")
             sys.stdout.flush()
         else:
+            # Events go above the live table, into the scrollback, where they stay (the
+            # plan rejection the demo is about included); the table redraws below them.
+            console().print(_event_line(event), highlight=False)
             self.refresh()
 
     def refresh(self) -> None:
@@ -456,44 +460,65 @@ def _clock(when: float, precise: bool = False) -> str:
 def _bar(progress: float | None) -> str:
     if progress is None:
         return ""
-    filled = round(progress * 10)
-    return "█" * filled + "░" * (10 - filled) + f" {progress:4.0%}"
+    filled = round(progress * 5)
+    return "█" * filled + "░" * (5 - filled) + f" {progress:4.0%}"
 
 
 def _render(orch: TeamOrchestrator, recent: deque[Event]) -> RenderableType:
-    from rich.console import Group
+    from rich import box
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(
-        title=f"team {orch.bus.team.name}: lead {orch.agent}", title_justify="left", expand=False
-    )
-    for column in ("agent", "state", "task", "progress", "plan", "shutdown", "last", "seen"):
-        table.add_column(
-            column, no_wrap=column != "last", max_width=40 if column == "last" else None
-        )
+    del recent  # the events are printed above the table as they come
+    rows = []
     for name in orch.teammates:
         item = orch.progress.get(name)
-        if item is None:
-            continue
-        last = item.text.replace("\n", " ")
+        if item is not None:
+            rows.append(
+                (name, item.state, item.task[:12], _bar(item.progress), item.plan,
+                 item.shutdown, safe(item.text, newlines=False), item.last_seen[11:19])
+            )  # fmt: skip
+    columns = ("agent", "state", "task", "progress", "plan", "shutdown", "last", "seen")
+    table = Table(
+        title=f"team {orch.bus.team.name}: lead {orch.agent}",
+        title_justify="left",
+        expand=True,
+        box=box.SIMPLE_HEAD,  # no vertical rules: their columns go to the text
+        padding=(0, 0),
+        pad_edge=False,
+    )
+    # Every column but "last" is as wide as its widest cell; "last" takes what is left
+    # and ends in an ellipsis: the table fits an 80-column terminal with every column.
+    for index, column in enumerate(columns):
+        if column == "last":
+            table.add_column(column, no_wrap=True, overflow="ellipsis", ratio=1)
+        else:
+            width = max([len(column), *(len(row[index]) for row in rows)])
+            table.add_column(column, no_wrap=True, overflow="ellipsis", width=width)
+    for name, state, task, bar, plan, shutdown, last, seen in rows:
         table.add_row(
             Text(name, style="bold"),
-            Text(item.state, style=_STATE_STYLE.get(item.state, "")),
-            item.task,
-            _bar(item.progress),
-            Text(item.plan, style="green" if item.plan == "approved" else "red"),
-            item.shutdown,
-            last if len(last) <= 40 else last[:39] + "…",
-            item.last_seen[11:19],
+            Text(state, style=_STATE_STYLE.get(state, "")),
+            task,
+            bar,
+            Text(plan, style="green" if plan == "approved" else "red"),
+            shutdown,
+            last,
+            seen,
         )
-    log = Text()
-    for event in recent:
-        log.append(f"{_clock(event.time)} ", style="dim")
-        log.append(f"{event.agent} ", style="bold cyan")
-        log.append(f"{event.kind.value} ", style="magenta")
-        log.append(event.text.replace("\n", " ")[:100] + "\n")
-    return Group(table, log)
+    return table
+
+
+def _event_line(event: Event) -> Text:
+    """One event as a line of the scrollback above the live table."""
+    from rich.text import Text
+
+    line = Text()
+    line.append(f"{_clock(event.time)} ", style="dim")
+    line.append(f"{event.agent} ", style="bold cyan")
+    line.append(f"{event.kind.value} ", style="magenta")
+    line.append(safe(event.text, newlines=False))
+    return line
 
 
 def _review_policy(spec: str, timeout: float, display: _Display) -> PlanReviewer:
