@@ -17,11 +17,13 @@ import orjson
 
 from ralph_mail import settings
 from ralph_mail.errors import (
+    AgentOffline,
     BroadcastError,
     DepthLimit,
     InboxBusy,
     InvalidMessage,
     LockTimeout,
+    LoopGuard,
     MailError,
     NoReply,
     UnknownAgent,
@@ -201,6 +203,8 @@ class MessageBus:
         recipient = self._recipient(to)
         envelope = self._envelope(recipient, type, content, metadata, reply_to, id)
         _extend(envelope, thread, priority, ack, visibility, chain)
+        if "thread" in envelope:
+            self._loop_guard(str(envelope["thread"]), visibility)
         head, tail = encode_parts(envelope, self.max_message_bytes)
         envelope["ts"], offset = self._store.append(recipient, head, tail)
         self._touch()
@@ -220,6 +224,10 @@ class MessageBus:
             self._store.index_add(_pair_key(self.agent, recipient), recipient, offset, length)
             if message.thread != message.id or message.type in _THREAD_STARTERS:
                 self._store.index_add(f"thread+{message.thread}", recipient, offset, length)
+            if message.ack:  # for pending_acks: what I asked to be acknowledged
+                self._store.index_add(f"acks+{self.agent}", recipient, offset, length)
+            if message.type == MessageType.ACK:  # and what answered it, for its sender
+                self._store.index_add(f"acked+{recipient}", recipient, offset, length)
         except MailError as exc:  # the message is delivered: a send that returned stays so
             warnings.warn(f"{exc}; message {message.id} is missing from history",
                           RuntimeWarning, stacklevel=4)  # fmt: skip
@@ -358,6 +366,7 @@ class MessageBus:
             )
         if not isinstance(timeout, (int, float)) or not timeout >= 0:
             raise InvalidMessage(f"invalid timeout {timeout!r}: give a number of seconds >= 0")
+        self._require_online(self._recipient(to))
         extra = dict(check_metadata(metadata))
         if context is not None:
             extra["context"] = context
@@ -371,6 +380,57 @@ class MessageBus:
                 "that takes longer"
             )
         return answer
+
+    def _require_online(self, agent: str) -> None:
+        """`AgentOffline` unless ``agent`` is online or sleeping (a request wakes it)."""
+        from ralph_mail import presence
+
+        state, last_seen, _ = presence.presence_of(self._team, agent)
+        if state == "offline":
+            seen = f"last seen {last_seen}" if last_seen else "never seen"
+            raise AgentOffline(
+                f"{agent} is offline ({seen}): start it, or send a note it reads later"
+            )
+
+    def ack(self, message: Message) -> Message:
+        """Acknowledge ``message`` to its sender (reading never does).
+
+        Example:
+            >>> bus.ack(message)  # doctest: +SKIP
+        """
+        sent = self._send(message.from_agent, MessageType.ACK, "", None, message.id, None,
+                          message.thread)  # fmt: skip
+        return sent
+
+    def pending_acks(self, older_than: float | None = None) -> list[Message]:
+        """What I sent with ``ack=True`` that no ack has answered yet, oldest first (with
+        ``older_than``: only those sent more than that many seconds ago). It survives
+        restarts: it is read from the team's index, not kept in memory.
+
+        Example:
+            >>> [m.id for m in bus.pending_acks(older_than=300)]  # doctest: +SKIP
+        """
+        wanted = self._indexed(f"acks+{self.agent}", 1 << 62)
+        acked = {m.reply_to for m in self._indexed(f"acked+{self.agent}", 1 << 62)}
+        cutoff = None
+        if older_than is not None:
+            cutoff = format_ts(int((time.time() - older_than) * 1_000_000))
+        return [m for m in wanted if m.id not in acked and (cutoff is None or m.ts <= cutoff)]
+
+    def _loop_guard(self, thread: str, visibility: str | None) -> None:
+        """`LoopGuard` when the thread's last messages are all internal, as many as the
+        team's ``max_internal_exchanges``, and this one is internal too."""
+        if visibility == "user_visible":
+            return
+        limit = settings.team_setting("max_internal_exchanges", dict(self._team.config))
+        if limit == 0:
+            return
+        recent = self._indexed(f"thread+{thread}", limit)
+        if len(recent) >= limit and all(m.visibility != "user_visible" for m in recent):
+            raise LoopGuard(
+                f"thread {thread} carried {limit} internal messages in a row: stop and "
+                "answer the user (--visibility user_visible), or start a new thread"
+            )
 
     def _await_reply(self, request_id: str, start: int, timeout: float) -> Message | None:
         """Read my inbox from ``start`` (without consuming) until the reply to

@@ -13,8 +13,10 @@ from ralph_mail.errors import DepthLimit, InvalidMessage, NoReply
 def answer_requests(team: Team, agent: str, count: int) -> threading.Thread:
     """A thread that answers ``count`` requests to ``agent`` with 're: QUESTION'."""
 
+    bus = MessageBus(team.name, agent)
+    bus.peek()  # attached (online) before anyone asks
+
     def serve() -> None:
-        bus = MessageBus(team.name, agent)
         answered = 0
         while answered < count:
             for message in bus.wait_for_messages(timeout=30):
@@ -78,6 +80,7 @@ def test_many_asks_in_flight_each_get_their_own_reply(team: Team) -> None:
 
 def test_no_reply_in_time_raises_no_reply(team: Team) -> None:
     """An unanswered ask raises NoReply, a TimeoutError, naming the agent and the fix."""
+    MessageBus("demo", "worker-1").set_presence("working")  # online, but it never answers
     with pytest.raises(NoReply, match=r"worker-1 did not answer within 0\.05 s") as caught:
         MessageBus("demo", "lead").ask("worker-1", "anyone?", timeout=0.05)
     assert isinstance(caught.value, TimeoutError)
@@ -144,3 +147,59 @@ def test_thread_gathers_a_request_and_its_reply(team: Team) -> None:
         ("request", "which?"),
         ("reply", "re: which?"),
     ]
+
+
+def test_asking_an_offline_agent_is_refused_before_anything_is_written(team: Team) -> None:
+    """ask to an agent with no live process and no recent activity raises AgentOffline."""
+    from ralph_mail import AgentOffline
+
+    with pytest.raises(AgentOffline, match="worker-1 is offline"):
+        MessageBus("demo", "lead").ask("worker-1", "there?")
+    assert MessageBus("demo", "worker-1").store.size("worker-1") == 0
+
+
+def test_asking_a_sleeping_agent_proceeds(team: Team) -> None:
+    """A sleeping agent is asked anyway (a request wakes it); the ask waits for its reply."""
+    MessageBus("demo", "worker-1").set_presence("sleeping", until="+1h")
+    with pytest.raises(NoReply):
+        MessageBus("demo", "lead").ask("worker-1", "awake?", timeout=0.05)
+    assert MessageBus("demo", "worker-1").store.size("worker-1") > 0
+
+
+def test_acks_are_asked_for_sent_and_pending_until_answered(team: Team) -> None:
+    """A message sent with ack=True is pending until its recipient acks it; reading alone
+    does not acknowledge; pending_acks survives a new bus."""
+    worker = MessageBus("demo", "worker-1")
+    wanted = worker.send("lead", "text", "confirm this", ack=True)
+    worker.send("lead", "text", "no ack needed")
+    lead = MessageBus("demo", "lead")
+    got = lead.poll()
+    assert [m.id for m in MessageBus("demo", "worker-1").pending_acks()] == [wanted.id]
+    lead.ack(next(m for m in got if m.ack))
+    assert MessageBus("demo", "worker-1").pending_acks() == []
+
+
+def test_pending_acks_older_than(team: Team) -> None:
+    """older_than keeps only the requests sent that long ago or more."""
+    worker = MessageBus("demo", "worker-1")
+    worker.send("lead", "text", "confirm", ack=True)
+    assert worker.pending_acks(older_than=3600) == []
+    assert len(worker.pending_acks(older_than=0)) == 1
+
+
+def test_a_thread_of_internal_messages_stops_at_the_limit(
+    team: Team, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With max_internal_exchanges 3, the 4th internal message in a thread raises LoopGuard;
+    a user_visible one is let through and resets the count."""
+    from ralph_mail import LoopGuard
+
+    monkeypatch.setenv("RALPH_MAX_INTERNAL_EXCHANGES", "3")
+    lead, worker = MessageBus("demo", "lead"), MessageBus("demo", "worker-1")
+    first = lead.send("worker-1", "request", "clarify?")
+    answer = worker.reply(first, "which part?")
+    again = lead.reply(answer, "the second")
+    with pytest.raises(LoopGuard, match="3 internal messages in a row"):
+        worker.reply(again, "and the third?")
+    shown = worker.reply(again, "here is the answer", visibility="user_visible")
+    assert lead.reply(shown, "thanks").thread == first.id
