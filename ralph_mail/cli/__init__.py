@@ -23,11 +23,13 @@ except ValueError:  # not the main thread (a test importing this): nothing to ho
 
 from collections.abc import Callable, Sequence  # noqa: E402
 
-#: Exit codes (contract): done; nothing came; bad input or usage; the answer was no.
+#: Exit codes (contract): done; nothing came; bad input or usage; the answer was no;
+#: refused by the team's rules (depth, loop guard, offline target, policy).
 EXIT_OK = 0
 EXIT_NOTHING = 1
 EXIT_USAGE = 2
 EXIT_NO = 3
+EXIT_REFUSED = 4
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 
@@ -56,10 +58,13 @@ def say(text: str) -> None:
 
 def guarded(action: Callable[[], int | None]) -> int:
     """Run ``action``; turn the errors a user can cause into one line and an exit code."""
-    from ralph_mail.errors import MailError
+    from ralph_mail.errors import MailError, RefusedByRules
 
     try:
         return action() or EXIT_OK
+    except RefusedByRules as exc:
+        error_line(str(exc))
+        return EXIT_REFUSED
     except MailError as exc:
         error_line(str(exc))
         return EXIT_USAGE

@@ -22,6 +22,19 @@ team_app = Group(
 )
 app.add_group(team_app, "team")
 
+Priority = Annotated[
+    str | None,
+    Option("--priority", help="low, normal, high or urgent [default: normal].", metavar="P"),
+]
+Visibility = Annotated[
+    str | None,
+    Option(
+        "--visibility",
+        help="internal, user_visible or user_redacted [default: internal].",
+        metavar="V",
+    ),
+]
+
 Meta = Annotated[
     list[str] | None,
     Option("--meta", "-m", help="Metadata KEY=VALUE (repeatable).", metavar="KEY=VALUE"),
@@ -181,6 +194,12 @@ def send(
     id: Annotated[
         str | None, Option("--id", help="Use this id (12 hex), to retry a send safely.")
     ] = None,
+    priority: Priority = None,
+    ack: Annotated[bool, Option("--ack", help="Ask the recipient to acknowledge it.")] = False,
+    visibility: Visibility = None,
+    thread: Annotated[
+        str | None, Option("--thread", help="The thread it belongs to (its first id).")
+    ] = None,
     home: Home = None,
     team: TeamName = None,
     agent: Agent = None,
@@ -192,10 +211,12 @@ def send(
     Example:
       ralph-mail send lead 'parsing done' --team demo --agent worker-1
       git log -1 | ralph-mail send lead --type text --meta topic=commit
+      ralph-mail send writer 'confirm the deadline' --priority high --ack
     """
     request = SendRequest(
-        to, content, type, list(meta or []), reply_to, id, json, identity(home, team, agent)
-    )
+        to, content, type, list(meta or []), reply_to, id, json, identity(home, team, agent),
+        priority, ack, visibility, thread,
+    )  # fmt: skip
     command(request.run)
 
 

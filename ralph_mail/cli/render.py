@@ -59,7 +59,13 @@ def safe(text: str, *, newlines: bool = True) -> str:
 
 def plain_line(message: Message) -> str:
     """One message as one line of text (continuation lines of the body are indented)."""
-    parts = [message.ts, message.from_agent, "->", message.to_agent, f"[{message.type}]"]
+    kind = str(message.type)
+    for shown in (message.priority != "normal" and message.priority,
+                  message.visibility != "internal" and message.visibility,
+                  message.ack and "ack"):  # fmt: skip
+        if shown:
+            kind += f" {shown}"
+    parts = [message.ts, message.from_agent, "->", message.to_agent, f"[{kind}]"]
     line = (
         safe(" ".join(parts), newlines=False) + " " + safe(message.content).replace("\n", "\n    ")
     )

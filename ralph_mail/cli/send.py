@@ -99,6 +99,10 @@ class SendRequest:
     id: str | None = None
     json: bool = False
     identity: Identity = field(default_factory=Identity)
+    priority: str | None = None
+    ack: bool = False
+    visibility: str | None = None
+    thread: str | None = None
 
     def run(self) -> int:
         """Send; print the id (or the envelope with ``--json``)."""
@@ -111,8 +115,10 @@ class SendRequest:
         bus = self.identity.bus()
         try:
             message = bus.send(
-                self.to, self.type, body, metadata, reply_to=self.reply_to, id=self.id
-            )
+                self.to, self.type, body, metadata, reply_to=self.reply_to, id=self.id,
+                priority=self.priority, ack=self.ack, visibility=self.visibility,
+                thread=self.thread,
+            )  # fmt: skip
         finally:
             bus.close()
         from ralph_mail.cli import say

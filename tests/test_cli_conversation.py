@@ -1,0 +1,125 @@
+"""Conversations and discovery from the command line, with real processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+from conftest import BOUND_S, Processes, cli_env, ralph
+
+from ralph_mail import MessageBus, Team, load_team
+
+LEAD = ("--team", "demo", "--agent", "lead")
+W1 = ("--team", "demo", "--agent", "worker-1")
+
+REPLIER = """
+set -e
+ralph-mail presence idle
+echo ready
+request=$(ralph-mail wait --type request --timeout 60 --json)
+id=$(printf '%s' "$request" | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+ralph-mail reply "$id" "answer to $(printf '%s' "$request" | python3 -c 'import json,sys; print(json.load(sys.stdin)["content"])')"
+"""
+
+
+def bash(home: Path, script: str, procs: Processes, agent: str) -> subprocess.Popen[bytes]:
+    env = cli_env(home, RALPH_TEAM="demo", RALPH_AGENT=agent)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    proc = subprocess.Popen(
+        ["bash", "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    procs.started.append(proc)
+    return proc
+
+
+def test_ask_is_answered_by_a_shell_teammate(team: Team, procs: Processes) -> None:
+    """ralph-mail ask blocks until a bash teammate (wait --type request, reply) answers;
+    the answer is printed and the exit code is 0."""
+    replier = bash(team.home, REPLIER, procs, "worker-1")
+    assert replier.stdout is not None and replier.stdout.readline() == b"ready\n"
+    done = ralph(team.home, "ask", "worker-1", "what is 6x7?", "--timeout", "60", *LEAD)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == b"answer to what is 6x7?\n"
+    assert replier.wait(timeout=BOUND_S) == 0
+
+
+def test_ask_with_no_answer_exits_1_and_offline_exits_4(team: Team) -> None:
+    """No reply in time: exit 1; an offline teammate: exit 4 (refused), nothing sent."""
+    assert ralph(team.home, "ask", "worker-1", "anyone?", *LEAD).returncode == 4
+    assert MessageBus("demo", "worker-1").store.size("worker-1") == 0
+    MessageBus("demo", "worker-1").set_presence("working")
+    done = ralph(team.home, "ask", "worker-1", "anyone?", "--timeout", "0.1", *LEAD)
+    assert done.returncode == 1 and b"did not answer within 0.1 s" in done.stderr
+
+
+def test_a_request_too_deep_exits_4(team: Team) -> None:
+    """An ask from a process whose RALPH_CHAIN is already max_depth long: exit 4."""
+    MessageBus("demo", "worker-1").set_presence("working")
+    done = ralph(team.home, "ask", "worker-1", "deeper?", *LEAD, RALPH_CHAIN="a,b,c")
+    assert done.returncode == 4 and b"maximum agent communication depth (3)" in done.stderr
+
+
+def test_reply_with_error_makes_ask_exit_3(team: Team, procs: Processes) -> None:
+    """A reply sent with --error makes the asker print the error and exit 3."""
+    script = REPLIER.replace('ralph-mail reply "$id"', 'ralph-mail reply --error "$id"')
+    replier = bash(team.home, script, procs, "worker-1")
+    assert replier.stdout is not None and replier.stdout.readline() == b"ready\n"
+    done = ralph(team.home, "ask", "worker-1", "fail?", "--timeout", "60", *LEAD)
+    assert done.returncode == 3 and b"reports an error" in done.stderr
+
+
+def test_history_and_thread_from_the_command_line(team: Team) -> None:
+    """history shows both directions oldest first; thread shows a request and its reply."""
+    lead, worker = MessageBus("demo", "lead"), MessageBus("demo", "worker-1")
+    question = lead.send("worker-1", "request", "why?")
+    worker.reply(question, "because")
+    out = ralph(team.home, "history", "worker-1", "--json", *LEAD).stdout
+    assert [orjson.loads(line)["content"] for line in out.splitlines()] == ["why?", "because"]
+    out = ralph(team.home, "thread", question.id, "--json", *LEAD).stdout
+    assert [orjson.loads(line)["type"] for line in out.splitlines()] == ["request", "reply"]
+
+
+def test_send_flags_ack_and_the_acks_watchdog(team: Team) -> None:
+    """send --ack --priority high --visibility user_visible sets the keys; acks lists it
+    and --overdue 0 exits 3 until the recipient acks it with 'ralph-mail ack'."""
+    sent = ralph(team.home, "send", "lead", "confirm", "--ack", "--priority", "high",
+                 "--visibility", "user_visible", "--json", *W1)  # fmt: skip
+    envelope = orjson.loads(sent.stdout)
+    assert (envelope["ack"], envelope["priority"], envelope["visibility"]) == (
+        True, "high", "user_visible"
+    )  # fmt: skip
+    assert ralph(team.home, "acks", "--overdue", "0", *W1).returncode == 3
+    assert ralph(team.home, "ack", envelope["id"], *LEAD).returncode == 0
+    done = ralph(team.home, "acks", "--overdue", "0", *W1)
+    assert done.returncode == 0 and done.stdout == b""
+
+
+def test_bad_conversation_values_are_refused(team: Team) -> None:
+    """Bad priority, visibility, thread id and chain names: one line, exit 2."""
+    for args, env in (
+        (("send", "lead", "x", "--priority", "asap"), {}),
+        (("send", "lead", "x", "--visibility", "public"), {}),
+        (("send", "lead", "x", "--thread", "nope"), {}),
+        (("ask", "lead", "x"), {"RALPH_CHAIN": "../evil"}),
+        (("presence", "napping"), {}),
+    ):
+        done = ralph(team.home, *args, *W1, **env)
+        assert done.returncode == 2 and done.stderr.count(b"\n") == 1, (args, done.stderr)
+    assert MessageBus("demo", "lead").peek() == []
+
+
+def test_agents_presence_and_team_edits(team: Team) -> None:
+    """team set and team config change the roster; agents and presence show the team."""
+    assert ralph(team.home, "team", "set", "demo", "worker-1", "--manager", "lead",
+                 "--mode", "supervised").returncode == 0  # fmt: skip
+    assert ralph(team.home, "team", "config", "demo", "max_depth", "5").returncode == 0
+    assert load_team("demo").config == {"max_depth": "5"}
+    assert ralph(team.home, "presence", "working", *W1).returncode == 0
+    out = ralph(team.home, "agents", "--json", *LEAD).stdout
+    found = {r["name"]: r for r in map(orjson.loads, out.splitlines())}
+    assert found["worker-1"]["presence"] == "working" and found["worker-1"]["manager"] == "lead"
+    assert found["worker-2"]["presence"] == "offline"
+    assert ralph(team.home, "team", "set", "demo", "worker-1", "--mode", "chaos").returncode == 2
