@@ -20,8 +20,8 @@ set -e
 ralph-mail presence idle
 echo ready
 request=$(ralph-mail wait --type request --timeout 60 --json)
-id=$(printf '%s' "$request" | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
-ralph-mail reply "$id" "answer to $(printf '%s' "$request" | python3 -c 'import json,sys; print(json.load(sys.stdin)["content"])')"
+field() { printf '%s' "$request" | python3 -c "import json,sys; print(json.load(sys.stdin)['$1'])"; }
+ralph-mail reply "$(field id)" "answer to $(field content)"
 """
 
 
