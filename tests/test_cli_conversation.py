@@ -20,7 +20,9 @@ set -e
 ralph-mail presence idle
 echo ready
 request=$(ralph-mail wait --type request --timeout 60 --json)
-field() { printf '%s' "$request" | python3 -c "import json,sys; print(json.load(sys.stdin)['$1'])"; }
+field() {
+  printf '%s' "$request" | python3 -c "import json,sys; print(json.load(sys.stdin)['$1'])"
+}
 ralph-mail reply "$(field id)" "answer to $(field content)"
 """
 
@@ -64,7 +66,7 @@ def test_a_request_too_deep_exits_4(team: Team) -> None:
 
 def test_reply_with_error_makes_ask_exit_3(team: Team, procs: Processes) -> None:
     """A reply sent with --error makes the asker print the error and exit 3."""
-    script = REPLIER.replace('ralph-mail reply "$id"', 'ralph-mail reply --error "$id"')
+    script = REPLIER.replace("ralph-mail reply ", "ralph-mail reply --error ")
     replier = bash(team.home, script, procs, "worker-1")
     assert replier.stdout is not None and replier.stdout.readline() == b"ready\n"
     done = ralph(team.home, "ask", "worker-1", "fail?", "--timeout", "60", *LEAD)
