@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 
     from ralph_mail.presence import AgentInfo
     from ralph_mail.store.watch import StopEvent
+    from ralph_mail.tasks import Task
 
 _T = TypeVar("_T")
 
@@ -312,6 +313,148 @@ class MessageBus:
         from ralph_mail import presence
 
         return presence.agents(self.refresh_team(), self.agent, include_self)
+
+    # -- delegation -----------------------------------------------------------------------
+
+    def delegate(
+        self,
+        to: str,
+        description: str,
+        *,
+        context: str | None = None,
+        priority: str | None = None,
+        parent: str | None = None,
+        id: str | None = None,
+    ) -> Task:
+        """Give ``to`` a task: record it in the team's task tree and send it a
+        ``task_assignment``; return at once. Its outcome comes back as a ``task_result``.
+
+        Refused before anything is written: delegating to myself, to an offline agent
+        (`AgentOffline`), a bad id or priority. Delegating again under the same ``id``
+        (a retry) sends the same assignment again, which a receiver that remembers ids
+        handles once.
+
+        Example:
+            >>> task = bus.delegate("writer", "Draft the Q4 post")  # doctest: +SKIP
+        """
+        assignee = self._recipient(to)
+        if assignee == self.agent:
+            raise InvalidMessage(f"{to!r} is delegating to itself: name a teammate")
+        self._require_online(assignee)
+        return self._give(assignee, description, context, priority, parent, id)
+
+    def _give(
+        self,
+        assignee: str,
+        description: str,
+        context: str | None,
+        priority: str | None,
+        parent: str | None,
+        id: str | None,
+    ) -> Task:
+        from ralph_mail import protocol, tasks
+
+        task_id = protocol.check_task_id(id) if id is not None else f"t-{new_id()[:8]}"
+        if priority is not None:
+            check_priority(priority)
+        if parent is not None:
+            protocol.check_task_id(parent)
+        known, _ = tasks.fold(self._store.log_read(tasks.LOG))
+        task = known.get(task_id)
+        if task is not None and (task.assignee, task.description) != (assignee, description):
+            raise InvalidMessage(
+                f"task {task_id} already exists (given to {task.assignee}): pick another id"
+            )
+        if task is None:
+            now = format_ts(time.time_ns() // 1000)
+            task = tasks.Task(task_id, description, self.agent, assignee, parent,
+                              priority or "normal", "pending", "", now, now, new_id())  # fmt: skip
+            self._store.log_append(tasks.LOG, tasks.created(task))
+        metadata = {protocol.TASK_ID: task_id}
+        if task.parent:
+            metadata["parent"] = task.parent
+        if context is not None:
+            metadata["context"] = context
+        self._send(assignee, MessageType.TASK_ASSIGNMENT, description, metadata, None,
+                   task.assignment, priority=priority)  # fmt: skip
+        return task
+
+    def start(self, task_id: str) -> Task:
+        """Mark my task ``task_id`` active."""
+        return self._finish(task_id, "active", "")
+
+    def complete(self, task_id: str, result: str) -> Task:
+        """Record my task ``task_id`` as completed and send its delegator the result (a
+        ``task_result``, the callback). Run again after a crash, it sends the result
+        only if it was not sent before.
+
+        Example:
+            >>> bus.complete(task.id, "Saved as 'Q4 Blog Post Draft'")  # doctest: +SKIP
+        """
+        return self._finish(task_id, "completed", result)
+
+    def fail(self, task_id: str, error: str) -> Task:
+        """Record my task ``task_id`` as failed and send its delegator the error."""
+        return self._finish(task_id, "failed", error)
+
+    def tasks(self) -> list[Task]:
+        """The team's tasks, parents first, each followed by its subtasks."""
+        from ralph_mail import tasks
+
+        return tasks.ordered(tasks.fold(self._store.log_read(tasks.LOG))[0])
+
+    def _finish(self, task_id: str, status: str, result: str) -> Task:
+        from ralph_mail import protocol, tasks
+
+        if not isinstance(result, str):
+            raise InvalidMessage(f"result must be a string, not {result.__class__.__name__}")
+        known, since = tasks.fold(self._store.log_read(tasks.LOG))
+        task = known.get(protocol.check_task_id(task_id))
+        if task is None:
+            raise MailError(
+                f"no task {task_id!r} in team {self._team.name!r}: see 'ralph-mail tasks'"
+            )
+        if task.assignee != self.agent:
+            raise InvalidMessage(
+                f"task {task_id} is {task.assignee}'s, not {self.agent}'s: only the assignee "
+                "starts, completes or fails it"
+            )
+        now = format_ts(time.time_ns() // 1000)
+        if status == "active":
+            if task.status == "pending":
+                self._store.log_append(tasks.LOG, tasks.changed(task_id, "active", now))
+            return tasks.fold(self._store.log_read(tasks.LOG))[0][task_id]
+        if task.status in tasks.FINISHED and task.status != status:
+            raise InvalidMessage(f"task {task_id} is already {task.status}: it cannot be {status}")
+        if task.status not in tasks.FINISHED:
+            # The outcome first, with where the delegator's inbox ends now: a run killed
+            # after this and before the result is sent finds it there and sends it once.
+            since[task_id] = self._store.size(task.delegated_by)
+            self._store.log_append(
+                tasks.LOG, tasks.changed(task_id, status, now, result, since[task_id])
+            )
+            task = tasks.fold(self._store.log_read(tasks.LOG))[0][task_id]
+        if not task.notified:
+            result_id = protocol.derived_id(task.assignment, "result")
+            if not self._delivered(task.delegated_by, result_id, since.get(task_id, 0)):
+                self._send(task.delegated_by, MessageType.TASK_RESULT, task.result,
+                           {protocol.TASK_ID: task_id, "status": task.status},
+                           task.assignment, result_id, task.assignment)  # fmt: skip
+            self._store.log_append(tasks.LOG, tasks.notified(task_id))
+            task = tasks.fold(self._store.log_read(tasks.LOG))[0][task_id]
+        return task
+
+    def _delivered(self, agent: str, message_id: str, since: int) -> bool:
+        """Whether a line with ``message_id`` is in ``agent``'s inbox from ``since`` on."""
+        needle = b'"id":"' + message_id.encode() + b'"'
+        offset = since
+        while True:
+            data, offset = self._store.read(agent, offset, skip_collected=True)
+            if not data:
+                return False
+            if needle in data:
+                return True
+            offset += len(data)
 
     # -- conversations --------------------------------------------------------------------
 

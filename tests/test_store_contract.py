@@ -202,3 +202,11 @@ def test_waiter_ignores_other_inboxes(store: TeamStore) -> None:
         assert not waiter.wait(0.2)
     finally:
         waiter.close()
+
+
+def test_a_team_log_keeps_whole_records_in_order(store: TeamStore) -> None:
+    """log_append adds records in order; log_read returns them all, whole."""
+    for n in range(5):
+        store.log_append("tasks", b'{"n":%d}\n' % n)
+    assert store.log_read("tasks").splitlines() == [b'{"n":%d}' % n for n in range(5)]
+    assert store.log_read("other") == b""

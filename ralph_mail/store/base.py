@@ -78,7 +78,8 @@ class TeamStore(Protocol):
     (conversations, threads): `index_add`, `index_tail`; cursors: `load_cursor`,
     `save_cursor`; one consumer per inbox: `claim`, `release`; set-aside lines:
     `dead_letter`, `dead_letters`; compaction: `compact`, `collectable`; waking:
-    `waiter`; small keyed state (the orchestrator's): `load_state`, `save_state`.
+    `waiter`; team logs (tasks): `log_append`, `log_read`; small keyed state (the
+    orchestrator's): `load_state`, `save_state`.
     """
 
     team: str
@@ -161,6 +162,13 @@ class TeamStore(Protocol):
 
     def waiter(self, agents: list[str]) -> Waiter:
         """A `Waiter` woken by changes to these agents' inboxes only."""
+
+    def log_append(self, name: str, record: bytes) -> None:
+        """Append one record (a line, newline included) to the team log ``name`` (the
+        task log): whole, in order, from any number of processes."""
+
+    def log_read(self, name: str) -> bytes:
+        """The team log ``name``: its whole lines (a record cut short is left out)."""
 
     def load_state(self, key: str) -> bytes | None:
         """The bytes last saved under ``key`` (a name), or None."""

@@ -458,6 +458,44 @@ class FileStore:
                     records.append({"reason": "damaged dead-letter record", "line": text})
         return records
 
+    # -- team logs ------------------------------------------------------------------------
+
+    def log_append(self, name: str, record: bytes) -> None:
+        """Append ``record`` to ``logs/NAME.jsonl`` under an flock, in one write loop.
+
+        A write cut short is cut back, so readers only ever see whole records.
+        """
+        check_name(name, "log name")
+        where = str(self.dirs.path("logs", f"{name}.jsonl"))
+        try:
+            fd = open_file(f"{name}.jsonl", os.O_RDWR | os.O_APPEND | os.O_CREAT,
+                           self.dirs.get("logs"))  # fmt: skip
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                size = os.fstat(fd).st_size
+                try:
+                    write_all(fd, record)
+                    if self.durable:
+                        os.fsync(fd)
+                except OSError:
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(fd, size)
+                    raise
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise store_error(exc, where, "append to", "nothing was recorded") from None
+
+    def log_read(self, name: str) -> bytes:
+        check_name(name, "log name")
+        try:
+            data = read_file(f"{name}.jsonl", self.dirs.get("logs"))
+        except FileNotFoundError:
+            return b""
+        except OSError as exc:
+            raise store_error(exc, str(self.dirs.path("logs", f"{name}.jsonl")), "read") from None
+        return data[: data.rfind(b"\n") + 1]
+
     # -- small keyed state -----------------------------------------------------------------
 
     def load_state(self, key: str) -> bytes | None:

@@ -11,6 +11,7 @@ Layout of one team (``$RALPH_HOME/teams/<team>/``)::
     bases/<agent>.base         logical offset of the inbox's first byte (a slot file)
     state/<key>.json           small keyed state (the lead's handled ids, ...)
     index/<key>.idx            where the lines of a conversation or a thread are
+    logs/<name>.jsonl          team logs, append-only: tasks.jsonl, the task tree
     tmp/                       gc's copies of inboxes, renamed over them when whole
     gc.lock                    keeps two gc runs of the team apart
     roster.lock                keeps two rewrites of team.json apart
@@ -40,7 +41,9 @@ from ralph_mail.store.posix import (
 from ralph_mail.store.slots import SlotFile
 
 #: The directories beside ``mailbox/``, made with the team.
-SUBDIRS = ("cursors", "consumers", "presence", "deadletters", "bases", "state", "index", "tmp")
+SUBDIRS = (
+    "cursors", "consumers", "presence", "deadletters", "bases", "state", "index", "logs", "tmp",
+)  # fmt: skip
 
 
 def teams_dir(home: Path) -> Path:

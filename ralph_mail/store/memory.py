@@ -51,6 +51,7 @@ class _Team:
     state: dict[str, bytes] = field(default_factory=dict)
     indexes: dict[str, list[tuple[str, int, int]]] = field(default_factory=dict)
     presence: dict[str, bytes] = field(default_factory=dict)
+    logs: dict[str, bytearray] = field(default_factory=dict)
 
 
 class MemoryBackend:
@@ -218,6 +219,16 @@ class MemoryStore:
 
     def waiter(self, agents: list[str]) -> _Waiter:
         return _Waiter(self, agents)
+
+    def log_append(self, name: str, record: bytes) -> None:
+        check_name(name, "log name")
+        with self.place.changed:
+            self._team().logs.setdefault(name, bytearray()).extend(record)
+
+    def log_read(self, name: str) -> bytes:
+        check_name(name, "log name")
+        with self.place.changed:
+            return bytes(self._team().logs.get(name, b""))
 
     def load_state(self, key: str) -> bytes | None:
         check_name(key, "state key")

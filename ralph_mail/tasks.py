@@ -1,0 +1,160 @@
+"""Delegated tasks: the team's task log, folded into `Task` records and drawn as a tree.
+
+Every task given out in a team (a `MessageBus.delegate`, the lead's ``assign``) is an
+event in the team log ``tasks`` (append-only, one JSON object a line): ``created``,
+then ``status`` changes (``active``, ``completed``, ``failed``), then ``notified`` once
+the delegator was sent its ``task_result``. Reading folds the log; nothing is rewritten,
+so a crash leaves the log as it was before or after one whole event.
+
+Example:
+    >>> [(t.id, t.status) for t in bus.tasks()]            # doctest: +SKIP
+    [('T-100', 'active'), ('t-3f2a', 'completed')]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import orjson
+
+#: The team log the task events go to.
+LOG = "tasks"
+STATUSES = ("pending", "active", "completed", "failed")
+FINISHED = frozenset({"completed", "failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One delegated task, as the task log has it now.
+
+    Attributes:
+        id: the task id (``metadata.taskId`` of its assignment).
+        description: what is to be done.
+        delegated_by: who gave it out.
+        assignee: who does it.
+        parent: the task it is part of, or None.
+        priority: ``low``, ``normal``, ``high`` or ``urgent``.
+        status: ``pending``, ``active``, ``completed`` or ``failed``.
+        result: the result or the error, once finished ("" before).
+        created: when it was given out (UTC ISO-8601).
+        updated: when its status last changed.
+        assignment: the id of its ``task_assignment`` message.
+        notified: whether the delegator was sent its ``task_result``.
+    """
+
+    id: str
+    description: str
+    delegated_by: str
+    assignee: str
+    parent: str | None
+    priority: str
+    status: str
+    result: str
+    created: str
+    updated: str
+    assignment: str
+    notified: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """The task as ``ralph-mail tasks --json`` prints it."""
+        return {
+            "id": self.id,
+            "description": self.description,
+            "delegated_by": self.delegated_by,
+            "assignee": self.assignee,
+            "parent": self.parent,
+            "priority": self.priority,
+            "status": self.status,
+            "result": self.result,
+            "created": self.created,
+            "updated": self.updated,
+        }
+
+
+def created(task: Task) -> bytes:
+    """The log line that records a new task."""
+    return orjson.dumps({"e": "created", **task.to_dict(), "assignment": task.assignment},
+                        option=orjson.OPT_APPEND_NEWLINE)  # fmt: skip
+
+
+def changed(task_id: str, status: str, ts: str, result: str = "", since: int = -1) -> bytes:
+    """The log line that records a status change (``since``: where the delegator's inbox
+    ended when an outcome was recorded, to look for its result there after a crash)."""
+    event: dict[str, Any] = {"e": "status", "id": task_id, "status": status, "ts": ts}
+    if status in FINISHED:
+        event["result"] = result
+        event["since"] = since
+    return orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def notified(task_id: str) -> bytes:
+    """The log line that records that the delegator was sent the result."""
+    return orjson.dumps({"e": "notified", "id": task_id}, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def fold(log: bytes) -> tuple[dict[str, Task], dict[str, int]]:
+    """The tasks the log describes, in the order they were created, and for each finished
+    one the ``since`` offset its outcome recorded. Lines that do not parse are skipped."""
+    tasks: dict[str, Task] = {}
+    since: dict[str, int] = {}
+    for line in log.splitlines():
+        try:
+            event = orjson.loads(line)
+            kind, task_id = event["e"], event["id"]
+            if kind == "created":
+                tasks[task_id] = Task(
+                    task_id, event["description"], event["delegated_by"], event["assignee"],
+                    event.get("parent"), event.get("priority", "normal"), "pending", "",
+                    event["created"], event["created"], event.get("assignment", ""),
+                )  # fmt: skip
+            elif task_id in tasks and kind == "status":
+                old = tasks[task_id]
+                if old.status in FINISHED:
+                    continue  # the first outcome stands
+                tasks[task_id] = replace(old, status=event["status"], updated=event["ts"],
+                                         result=event.get("result", old.result))  # fmt: skip
+                if "since" in event:
+                    since[task_id] = int(event["since"])
+            elif task_id in tasks and kind == "notified":
+                tasks[task_id] = replace(tasks[task_id], notified=True)
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            continue
+    return tasks, since
+
+
+def ordered(tasks: dict[str, Task]) -> list[Task]:
+    """Parents first, each followed by its subtasks (depth first, in creation order)."""
+    children: dict[str | None, list[Task]] = {}
+    for task in tasks.values():
+        parent = task.parent if task.parent in tasks else None
+        children.setdefault(parent, []).append(task)
+    out: list[Task] = []
+
+    def walk(parent: str | None) -> None:
+        for task in children.get(parent, []):
+            out.append(task)
+            walk(task.id)
+
+    walk(None)
+    return out
+
+
+def tree_lines(tasks: dict[str, Task]) -> list[tuple[str, Task]]:
+    """``(prefix, task)`` pairs drawing the tree: ``├── `` and ``└── `` before subtasks."""
+    children: dict[str | None, list[Task]] = {}
+    for task in tasks.values():
+        parent = task.parent if task.parent in tasks else None
+        children.setdefault(parent, []).append(task)
+    out: list[tuple[str, Task]] = []
+
+    def walk(parent: str | None, indent: str) -> None:
+        kids = children.get(parent, [])
+        for index, task in enumerate(kids):
+            last = index == len(kids) - 1
+            branch = "" if parent is None else ("└── " if last else "├── ")
+            out.append((indent + branch, task))
+            walk(task.id, indent + ("" if parent is None else ("    " if last else "│   ")))
+
+    walk(None, "")
+    return out
