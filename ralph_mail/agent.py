@@ -256,16 +256,29 @@ class TeamAgent:
     def finish_task(self, text: str = "done", *, state: str = "done") -> Message:
         """Report the task in hand ``state`` (done or failed) and take the next one.
 
-        The agent is idle afterwards unless the backlog held a task; a lead waiting for a
-        deferred shutdown asks again on this report.
+        A task the team's task tree knows is completed (or failed) there as well, and its
+        delegator gets the ``task_result``. The agent is idle afterwards unless the backlog
+        held a task; a lead waiting for a deferred shutdown asks again on this report.
         """
         task = self.task
         progress = "1" if state == "done" else None
         report = self.report_status(
             text, state, task=task.id if task else None, progress=progress if task else None
         )
+        if task is not None:
+            self._record_outcome(task.id, text, state)
         self.task = self.backlog.popleft() if self.backlog else None
         return report
+
+    def _record_outcome(self, task_id: str, text: str, state: str) -> None:
+        # A task the team's tree knows (the lead's assign, a delegation) is completed
+        # there too, and its delegator gets the result; one given out by hand is not.
+        known = {task.id: task for task in self.bus.tasks()}
+        if task_id in known and known[task_id].assignee == self.bus.agent:
+            if state == "done":
+                self.bus.complete(task_id, text)
+            else:
+                self.bus.fail(task_id, text)
 
     # -- plans ----------------------------------------------------------------------------
 

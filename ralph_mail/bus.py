@@ -341,7 +341,7 @@ class MessageBus:
         if assignee == self.agent:
             raise InvalidMessage(f"{to!r} is delegating to itself: name a teammate")
         self._require_online(assignee)
-        return self._give(assignee, description, context, priority, parent, id)
+        return self._give(assignee, description, context, priority, parent, id)[0]
 
     def _give(
         self,
@@ -351,7 +351,11 @@ class MessageBus:
         priority: str | None,
         parent: str | None,
         id: str | None,
-    ) -> Task:
+        *,
+        strict: bool = True,
+    ) -> tuple[Task, Message]:
+        """Record (unless known) and send a task; ``strict=False`` (the lead's assign)
+        lets an existing id be given out again with other words, as a new assignment."""
         from ralph_mail import protocol, tasks
 
         task_id = protocol.check_task_id(id) if id is not None else f"t-{new_id()[:8]}"
@@ -362,9 +366,11 @@ class MessageBus:
         known, _ = tasks.fold(self._store.log_read(tasks.LOG))
         task = known.get(task_id)
         if task is not None and (task.assignee, task.description) != (assignee, description):
-            raise InvalidMessage(
-                f"task {task_id} already exists (given to {task.assignee}): pick another id"
-            )
+            if strict:
+                raise InvalidMessage(
+                    f"task {task_id} already exists (given to {task.assignee}): pick another id"
+                )
+            task = None  # the lead gives the same task id out again: a new assignment
         if task is None:
             now = format_ts(time.time_ns() // 1000)
             task = tasks.Task(task_id, description, self.agent, assignee, parent,
@@ -375,9 +381,9 @@ class MessageBus:
             metadata["parent"] = task.parent
         if context is not None:
             metadata["context"] = context
-        self._send(assignee, MessageType.TASK_ASSIGNMENT, description, metadata, None,
-                   task.assignment, priority=priority)  # fmt: skip
-        return task
+        sent = self._send(assignee, MessageType.TASK_ASSIGNMENT, description, metadata, None,
+                          task.assignment, priority=priority)  # fmt: skip
+        return task, sent
 
     def start(self, task_id: str) -> Task:
         """Mark my task ``task_id`` active."""

@@ -127,6 +127,8 @@ class EventKind(StrEnum):
     SHUTDOWN_DEFERRED = "shutdown_deferred"
     SHUTDOWN_REFUSED = "shutdown_refused"
     SHUTDOWN_NO_ANSWER = "shutdown_no_answer"
+    TASK_COMPLETED = "task_completed"
+    TASK_FAILED = "task_failed"
     ERROR = "error"
     IGNORED = "ignored"
     DUPLICATE = "duplicate"
@@ -340,6 +342,7 @@ class TeamOrchestrator:
             MessageType.SHUTDOWN_RESPONSE: self._on_shutdown_response,
             MessageType.TEXT: self._on_text,
             MessageType.BROADCAST: self._on_text,
+            MessageType.TASK_RESULT: self._on_task_result,
         }
         self.progress: dict[str, AgentProgress] = {
             name: AgentProgress(name) for name in self.teammates
@@ -617,6 +620,12 @@ class TeamOrchestrator:
         else:
             ask.answer = False
 
+    def _on_task_result(self, message: Message) -> None:
+        task = message.metadata.get(protocol.TASK_ID, "?")
+        failed = message.metadata.get("status") == "failed"
+        kind = EventKind.TASK_FAILED if failed else EventKind.TASK_COMPLETED
+        self._emit(kind, message.from_agent, f"{task}: {message.content}", message)
+
     def _on_text(self, message: Message) -> None:
         agent = message.from_agent
         old = self.progress.get(agent)
@@ -642,9 +651,9 @@ class TeamOrchestrator:
         """
         self.check_teammate(agent)
         protocol.check_task_id(task_id)
-        message = self.bus.send(
-            agent, MessageType.TASK_ASSIGNMENT, description, {protocol.TASK_ID: task_id}
-        )
+        # Recorded in the team's task tree too, as a delegation is, so one tree shows
+        # everything given out; the agent need not be online yet (it reads it later).
+        _, message = self.bus._give(agent, description, None, None, None, task_id, strict=False)
         old = self.progress.get(agent, AgentProgress(agent))
         self.progress[agent] = replace(old, task=task_id, progress=None, plan="")
         self._emit(EventKind.ASSIGNED, agent, f"{task_id}: {description}", message)

@@ -139,3 +139,25 @@ def test_a_retried_delegation_sends_the_same_assignment(team: Team) -> None:
     assert ids == [first.assignment, first.assignment]
     with pytest.raises(InvalidMessage, match="already exists"):
         lead.delegate("worker-1", "something else", id="T-7")
+
+
+def test_the_leads_assign_is_in_the_tree_and_its_finish_comes_back_as_an_event(
+    team: Team,
+) -> None:
+    """The lead's assign records the task; TeamAgent.finish_task completes it; the lead
+    reports a task_completed event with the result."""
+    from ralph_mail import EventKind, TeamAgent, TeamOrchestrator
+
+    events = []
+    with TeamOrchestrator("demo", on_event=events.append) as orch:
+        orch.assign("worker-1", "T-1", "parse the logs")
+        assert [(t.id, t.assignee, t.status) for t in orch.bus.tasks()] == [
+            ("T-1", "worker-1", "pending")
+        ]
+        with TeamAgent("demo", "worker-1") as agent:
+            assert agent.next_task(timeout=5) is not None
+            agent.finish_task("parsed 1,204 files")
+        orch.handle_pending()
+        assert [t.status for t in orch.bus.tasks()] == ["completed"]
+    finished = [e for e in events if e.kind == EventKind.TASK_COMPLETED]
+    assert [(e.agent, e.text) for e in finished] == [("worker-1", "T-1: parsed 1,204 files")]
