@@ -581,8 +581,26 @@ class MessageBus:
                 "answer the user (--visibility user_visible), or start a new thread"
             )
 
-    def _await_reply(self, request_id: str, start: int, timeout: float) -> Message | None:
-        """Read my inbox from ``start`` (without consuming) until the reply to
+    def wait_for_result(self, task: Task, timeout: float, since: int = 0) -> Message | None:
+        """Block until the ``task_result`` of ``task`` (one I delegated) is in my inbox
+        from logical offset ``since`` on (``store.size(me)`` before delegating); consume
+        it alone when this process may. None after ``timeout`` seconds.
+
+        Example:
+            >>> since = bus.store.size(bus.agent)                        # doctest: +SKIP
+            >>> task = bus.delegate("writer", "draft it")                # doctest: +SKIP
+            >>> bus.wait_for_result(task, 600, since).content            # doctest: +SKIP
+        """
+        return self._await_reply(task.assignment, since, timeout, MessageType.TASK_RESULT)
+
+    def _await_reply(
+        self,
+        request_id: str,
+        start: int,
+        timeout: float,
+        kind: MessageType = MessageType.REPLY,
+    ) -> Message | None:
+        """Read my inbox from ``start`` (without consuming) until the ``kind`` answering
         ``request_id`` comes; consume it alone when this process may."""
         deadline = time.monotonic() + timeout
         offset = start
@@ -595,7 +613,7 @@ class MessageBus:
                         if (
                             isinstance(message, Message)
                             and message.reply_to == request_id
-                            and message.type == MessageType.REPLY
+                            and message.type == kind
                         ):
                             self._consume_if_mine(message)
                             return message

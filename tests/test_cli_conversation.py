@@ -125,3 +125,46 @@ def test_agents_presence_and_team_edits(team: Team) -> None:
     assert found["worker-1"]["presence"] == "working" and found["worker-1"]["manager"] == "lead"
     assert found["worker-2"]["presence"] == "offline"
     assert ralph(team.home, "team", "set", "demo", "worker-1", "--mode", "chaos").returncode == 2
+
+
+WORKER = """
+set -e
+ralph-mail presence idle
+echo ready
+assignment=$(ralph-mail wait --type task_assignment --timeout 60 --json)
+task=$(printf '%s' "$assignment" |
+  python3 -c "import json,sys; print(json.load(sys.stdin)['metadata']['taskId'])")
+ralph-mail task start "$task"
+ralph-mail task VERB "$task" "RESULT"
+"""
+
+
+def test_delegate_wait_gets_the_result_from_a_shell_worker(team: Team, procs: Processes) -> None:
+    """delegate --wait blocks until a bash worker runs 'task done'; it prints the result,
+    exits 0, and the tree shows the task completed."""
+    worker = bash(team.home, WORKER.replace("VERB", "done").replace("RESULT", "drafted"),
+                  procs, "worker-1")  # fmt: skip
+    assert worker.stdout is not None and worker.stdout.readline() == b"ready\n"
+    done = ralph(
+        team.home, "delegate", "worker-1", "draft it", "--id", "T-9", "--wait", "60", *LEAD
+    )
+    assert done.returncode == 0 and done.stdout == b"drafted\n", done.stderr
+    assert worker.wait(timeout=BOUND_S) == 0
+    tree = ralph(team.home, "tasks", *LEAD).stdout.decode()
+    assert "T-9  draft it" in tree and "worker-1" in tree and "completed" in tree
+
+
+def test_a_failed_task_makes_delegate_wait_exit_3(team: Team, procs: Processes) -> None:
+    """'task fail' makes the delegator's delegate --wait print the error and exit 3."""
+    worker = bash(team.home, WORKER.replace("VERB", "fail").replace("RESULT", "no data"),
+                  procs, "worker-1")  # fmt: skip
+    assert worker.stdout is not None and worker.stdout.readline() == b"ready\n"
+    done = ralph(team.home, "delegate", "worker-1", "try", "--wait", "60", *LEAD)
+    assert done.returncode == 3 and done.stdout == b"no data\n"
+
+
+def test_delegating_to_an_offline_agent_exits_4(team: Team) -> None:
+    """delegate to an agent that is offline: exit 4, no task recorded."""
+    done = ralph(team.home, "delegate", "worker-2", "anyone?", *LEAD)
+    assert done.returncode == 4 and b"offline" in done.stderr
+    assert ralph(team.home, "tasks", "--json", *LEAD).stdout == b""
