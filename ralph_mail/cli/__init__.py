@@ -14,7 +14,7 @@ import sys
 
 # Ctrl-C from here until the imports are done is held, not raised (see `main`): orjson
 # 3.13 can crash when KeyboardInterrupt lands inside its import, and a half-imported
-# module would print a traceback. Set before anything else is imported.
+# module would dump a Python error report. Set before anything else is imported.
 _held: list[int] = []
 try:
     _previous = signal.signal(signal.SIGINT, lambda signum, frame: _held.append(signum))
