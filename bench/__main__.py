@@ -22,7 +22,7 @@ from bench import report
 from bench.common import REPO_ROOT, SIZES, Section, Sizes, Workspace, log
 
 #: Measurement modules in the order they run; each has ``run(sizes, ws) -> Section``.
-SECTIONS = ("send", "writers", "read", "wakeup", "cli", "fanout")
+SECTIONS = ("send", "writers", "read", "wakeup", "ask", "cli", "fanout")
 DEFAULT_OUT = REPO_ROOT / "bench" / "out"
 
 

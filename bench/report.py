@@ -311,6 +311,17 @@ def targets(secs: Sections) -> list[Target]:
                 lambda r: r <= 1.2,
                 "{r:.2f}x",
             )
+    ask = secs.get("ask")
+    add_ratio(
+        "ask_vs_pipe",
+        "ask round trip (p50) vs a pipe ping-pong between two Python processes",
+        row(ask, "ask_roundtrip"),
+        row(ask, "pipe_pingpong"),
+        "≤ 15x",
+        time_ratio,
+        lambda r: r <= 15.0,
+        "{r:.1f}x",
+    )
     for command in ("send", "read", "wait", "tail", "status"):
         add_ratio(
             f"cli_{command}",

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = {"send", "writers", "read", "wakeup", "cli", "fanout"}
+SECTIONS = {"send", "writers", "read", "wakeup", "ask", "cli", "fanout"}
 TARGETS = {
     "send_vs_peer",
     "send_vs_raw",
@@ -29,6 +29,7 @@ TARGETS = {
     "idle_cpu",
     "poll_vs_raw",
     "poll_backlog",
+    "ask_vs_pipe",
     "cli_send",
     "cli_read",
     "cli_wait",
