@@ -113,6 +113,8 @@ class MessageBus:
         self._pending: deque[tuple[int, Message]] = deque()
         self._watcher: Waiter | None = None
         self._lock = threading.RLock()  # asks from several threads consume one at a time
+        self._ask_local = threading.local()  # each asking thread's waiter
+        self._ask_waiters: list[Waiter] = []
         self._touched = -_TOUCH_EVERY_S  # when this bus last noted its agent as active
         #: The agents the request this process handles passed through (``RALPH_CHAIN``):
         #: a request this bus sends carries it on, plus me.
@@ -604,31 +606,31 @@ class MessageBus:
         ``request_id`` comes; consume it alone when this process may."""
         deadline = time.monotonic() + timeout
         offset = start
-        waiter: Waiter | None = None
-        try:
-            while True:
-                data, offset = self._store.read(self.agent, offset, skip_collected=True)
-                if data:
-                    for message in decode_lines(data.split(b"\n")[:-1])[0]:
-                        if (
-                            isinstance(message, Message)
-                            and message.reply_to == request_id
-                            and message.type == kind
-                        ):
-                            self._consume_if_mine(message)
-                            return message
-                    offset += len(data)
-                    continue
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                if waiter is None:
-                    waiter = self._store.waiter([self.agent])
-                    continue  # read once more: the reply may have come while it started
-                waiter.wait(min(remaining, WATCH_SAFETY_POLL_S))
-        finally:
-            if waiter is not None:
-                waiter.close()
+        # One waiter per thread, kept for the bus's life: closing an inotify descriptor
+        # can take the kernel milliseconds, which a waiter per ask paid every time.
+        waiter: Waiter | None = getattr(self._ask_local, "waiter", None)
+        while True:
+            data, offset = self._store.read(self.agent, offset, skip_collected=True)
+            if data:
+                for message in decode_lines(data.split(b"\n")[:-1])[0]:
+                    if (
+                        isinstance(message, Message)
+                        and message.reply_to == request_id
+                        and message.type == kind
+                    ):
+                        self._consume_if_mine(message)
+                        return message
+                offset += len(data)
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            if waiter is None:
+                waiter = self._ask_local.waiter = self._store.waiter([self.agent])
+                with self._lock:
+                    self._ask_waiters.append(waiter)
+                continue  # read once more: the reply may have come while it started
+            waiter.wait(min(remaining, WATCH_SAFETY_POLL_S))
 
     def _consume_if_mine(self, message: Message) -> None:
         # The reply belongs to this ask: consume it when this process consumes my inbox
@@ -945,6 +947,11 @@ class MessageBus:
         if self._watcher is not None:
             self._watcher.close()
             self._watcher = None
+        with self._lock:
+            for waiter in self._ask_waiters:
+                waiter.close()
+            self._ask_waiters.clear()
+            self._ask_local = threading.local()
         self._cursor = None  # the next read claims the inbox again and starts from disk
         self._store.close()
 
