@@ -52,3 +52,12 @@ def test_readme_shows_exactly_these_example_commands() -> None:
     if "examples/shell_team/run.sh" not in readme:
         pytest.skip("the README's protocols section is not merged yet")
     assert "bash examples/shell_team/run.sh\npython examples/python_team/run.py\n" in readme
+
+
+def test_conversation_examples(tmp_path: Path, children: Children) -> None:
+    """examples/conversation: in bash and in Python, the coordinator's question is
+    answered and its delegated draft comes back completed."""
+    for command in ("bash examples/conversation/run.sh", "python examples/conversation/team.py"):
+        out = run_example(command, tmp_path, children)
+        assert "analyst says: Q4 revenue was $2.4M" in out
+        assert "writer says: Saved as 'Q4 Blog Post Draft'" in out
