@@ -364,6 +364,8 @@ class FileStore:
             )
             self._cursor_file(agent).save(payload)
         except OSError as exc:
+            if self.dirs.replaced():  # the team was deleted under this process: say so
+                raise self.dirs.gone() from None
             raise store_error(
                 exc, f"cursor {self.cursor_path(agent)}", "save", "nothing was consumed"
             ) from None
