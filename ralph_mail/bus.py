@@ -452,12 +452,21 @@ class MessageBus:
             task = tasks.fold(self._store.log_read(tasks.LOG))[0][task_id]
         return task
 
-    def _delivered(self, agent: str, message_id: str, since: int) -> bool:
-        """Whether a line with ``message_id`` is in ``agent``'s inbox from ``since`` on."""
+    def _delivered(
+        self, agent: str, message_id: str, since: int, *, collected: bool = False
+    ) -> bool:
+        """Whether a line with ``message_id`` is in ``agent``'s inbox from ``since`` on.
+
+        When gc has collected that part of the inbox (its owner consumed it), the answer
+        is ``collected``: the caller says which way to err.
+        """
         needle = b'"id":"' + message_id.encode() + b'"'
         offset = since
         while True:
-            data, offset = self._store.read(agent, offset, skip_collected=True)
+            data, start = self._store.read(agent, offset, skip_collected=True)
+            if start > offset:
+                return collected
+            offset = start
             if not data:
                 return False
             if needle in data:

@@ -349,9 +349,10 @@ class TeamOrchestrator:
         }
         self._state_key = f"orchestrator.{self.agent}"
         self._handled: dict[str, None] = {}  # insertion-ordered set of "sender:id" keys
-        # The ids of the replies sent, recorded *before* each is sent: a lead killed after
-        # sending and restarted finds the id and does not send it again.
-        self._sent: dict[str, None] = {}
+        # The replies sent: id -> where the recipient's inbox ended, recorded *before* the
+        # reply is sent. A lead killed and restarted looks for the id from there on: it
+        # sends the reply only if it is not there (never twice, and not lost either).
+        self._sent: dict[str, int] = {}
         self._current: Message | None = None
         self._replies = 0
         self._busy = False
@@ -516,14 +517,17 @@ class TeamOrchestrator:
             key = f"{message.from_agent}:{message.id}"
             reply_id = protocol.derived_id(self.agent, key, str(self._replies))
             self._replies += 1
+            recipient = message.from_agent
             if reply_id in self._sent:
-                return None
-            # Record, then send: a kill in between loses this one reply (the agent's wait
-            # times out and it asks again) rather than ever answering twice.
-            self._sent[reply_id] = None
-            while len(self._sent) > HANDLED_IDS_KEPT:
-                del self._sent[next(iter(self._sent))]
-            self._save_state()
+                # Recorded by a run that died: sent, unless the recipient's inbox lacks it
+                # (what gc collected there was consumed: then it was delivered).
+                if self.bus._delivered(recipient, reply_id, self._sent[reply_id], collected=True):
+                    return None
+            else:
+                self._sent[reply_id] = self.bus.store.size(recipient)
+                while len(self._sent) > HANDLED_IDS_KEPT:
+                    del self._sent[next(iter(self._sent))]
+                self._save_state()
         return self.bus.send(
             message.from_agent, type, content, metadata, reply_to=message.id, id=reply_id
         )
@@ -798,7 +802,7 @@ class TeamOrchestrator:
         state = {
             "version": _STATE_VERSION,
             "handled": list(self._handled),
-            "sent": list(self._sent),
+            "sent": [[reply_id, since] for reply_id, since in self._sent.items()],
             "progress": {name: asdict(item) for name, item in self.progress.items()},
         }
         try:
@@ -815,16 +819,16 @@ class TeamOrchestrator:
         try:
             state: Any = orjson.loads(raw)
             handled = [str(key) for key in state["handled"]]
-            sent = [str(key) for key in state.get("sent", [])]
+            sent = [(str(item[0]), int(item[1])) for item in state.get("sent", [])]
             progress = {name: AgentProgress(**item) for name, item in state["progress"].items()}
-        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as exc:
             raise StoreError(
                 f"the lead's state {self._state_key!r} is damaged ({exc}): delete "
                 f"state/{self._state_key}.json in the team to start afresh (messages still "
                 "unread will be answered again)"
             ) from None
         self._handled = dict.fromkeys(handled[-HANDLED_IDS_KEPT:])
-        self._sent = dict.fromkeys(sent[-HANDLED_IDS_KEPT:])
+        self._sent = dict(sent[-HANDLED_IDS_KEPT:])
         self.progress.update(progress)
 
     # -- lifetime -------------------------------------------------------------------------

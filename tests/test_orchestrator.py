@@ -584,3 +584,26 @@ def test_a_plan_reads_like_its_message() -> None:
     """Plan.content is the plan text, as Message.content is."""
     message = Message("0123456789ab", "w", "lead", MessageType.PLAN_SUBMISSION, "do it")
     assert plan_of("do it").content == "do it" == message.content
+
+
+def test_a_lead_killed_between_recording_and_sending_a_reply_sends_it_once(
+    team: Team,
+) -> None:
+    """Killed after recording a reply's id and before the reply went out, the restarted
+    lead finds it missing from the recipient's inbox and sends it: exactly one approval."""
+    worker = MessageBus("demo", "worker-1")
+    worker.send("lead", MessageType.PLAN_SUBMISSION, "plan A")
+    orch = lead_of()
+
+    def killed(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    orch.bus.send = killed  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        orch.handle_pending()
+    orch.bus.close()
+    with lead_of() as again:
+        assert again.handle_pending() == 1
+    with lead_of() as third:  # and once more: recorded and delivered, nothing new
+        assert third.handle_pending() == 0
+    assert [m.type for m in worker.poll()] == [MessageType.PLAN_APPROVAL]
