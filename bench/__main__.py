@@ -5,6 +5,7 @@ Examples::
     python -m bench                       # the full run (several minutes)
     python -m bench --quick --json r.json # about a minute
     python -m bench --smoke               # seconds; what the test suite runs
+    python -m bench --only ask --peer-venv /tmp/am --make-peer-venv  # with MCP Agent Mail
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from pathlib import Path
 
 import orjson
 
-from bench import report
+from bench import peer_venv, report
 from bench.common import REPO_ROOT, SIZES, Section, Sizes, Workspace, log
 
 #: Measurement modules in the order they run; each has ``run(sizes, ws) -> Section``.
-SECTIONS = ("send", "writers", "read", "wakeup", "ask", "cli", "fanout")
+SECTIONS = ("send", "writers", "read", "wakeup", "ask", "conversation", "cli", "fanout")
 DEFAULT_OUT = REPO_ROOT / "bench" / "out"
 
 
@@ -47,6 +48,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--only", metavar="NAMES", help=f"comma-separated subset of {SECTIONS}")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    p.add_argument(
+        "--peer-venv",
+        type=Path,
+        metavar="PATH",
+        help="a virtual environment with mcp-agent-mail 0.1.0, for the ask section's peer row",
+    )
+    p.add_argument(
+        "--make-peer-venv",
+        action="store_true",
+        help="create --peer-venv (python -m venv, pip install mcp-agent-mail==0.1.0) if missing",
+    )
     return p.parse_args(argv)
 
 
@@ -80,7 +92,16 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     sizes = SIZES[mode]
+    if args.make_peer_venv and args.peer_venv is None:
+        print("--make-peer-venv needs --peer-venv PATH: where to make it", file=sys.stderr)
+        return 2
+    if args.make_peer_venv:
+        problem = peer_venv.make(args.peer_venv)
+        if problem:
+            print(problem, file=sys.stderr)
+            return 2
     ws = Workspace()
+    ws.peer_venv = args.peer_venv
     meta: dict[str, object] = {
         "mode": mode,
         "command": "python -m bench " + " ".join(sys.argv[1:] if argv is None else argv),

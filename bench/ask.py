@@ -5,22 +5,31 @@ a ping-pong over two pipes between the same two kinds of process.
 Both sides run in the same repetition, one after the other, so outside load hits them
 alike. The figure is one whole exchange as an agent sees it: the request written, the
 replier woken and answering, the asker woken and parsing the reply.
+
+The peer row is MCP Agent Mail, the closest system users pick today, doing the same
+exchange with its own tools (send, fetch, reply, fetch) in an environment of its own
+(``--peer-venv``; see `bench.agent_mail_driver`), polling every 10 ms as its agents do.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 from typing import Final
 
+from bench import peer_venv
 from bench.common import Row, Section, Sizes, Workspace, child_env, percentile, ralph
+
+#: How often MCP Agent Mail's agents look at their inboxes in the peer row (s).
+PEER_POLL_S: Final = 0.01
 
 REPLIER: Final = """
 import sys
 from ralph_mail import MessageBus, MessageType
-bus = MessageBus("ask", "replier", sys.argv[1])
+bus = MessageBus(sys.argv[3], sys.argv[4], sys.argv[1])
 bus.set_presence("idle")
 print("ready", flush=True)
 answered, total = 0, int(sys.argv[2])
@@ -85,7 +94,7 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
         home = ws.fresh("ask")
         rm.create_team("ask", ["asker", "replier"], home=home)
         replier = subprocess.Popen(
-            [sys.executable, "-c", REPLIER, str(home), str(count + 5)],
+            [sys.executable, "-c", REPLIER, str(home), str(count + 5), "ask", "replier"],
             stdout=subprocess.PIPE, env=child_env(),
         )  # fmt: skip
         try:
@@ -103,4 +112,36 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
             ask.extra["p99"].append(percentile(times, 99))
         finally:
             replier.wait(timeout=60)
+    _peer(sec, sizes, ws)
     return sec
+
+
+def _peer(sec: Section, sizes: Sizes, ws: Workspace) -> None:
+    """MCP Agent Mail's send and round trip, in its own environment, once."""
+    exe = peer_venv.python(ws.peer_venv)
+    status = exe if isinstance(exe, str) else "ok"
+    pipe = "pipe_pingpong"
+    trip = sec.add(Row("agent_mail_roundtrip", "MCP Agent Mail: send -> fetch -> reply -> "
+                       f"fetch, polling every {PEER_POLL_S * 1e3:g} ms (p50)", "µs", "lower",
+                       anchor=pipe, status=status, extra={"p99": []}))  # fmt: skip
+    send = sec.add(Row("agent_mail_send", "MCP Agent Mail: send_message (p50)", "µs", "lower",
+                       anchor=pipe, status=status))  # fmt: skip
+    if isinstance(exe, str):
+        return
+    scratch = ws.fresh("agent-mail")
+    done = subprocess.run(
+        [str(exe), str(peer_venv.DRIVER), str(scratch), str(sizes.peer_asks), str(PEER_POLL_S)],
+        capture_output=True, check=False, timeout=1800, env=child_env(),
+    )  # fmt: skip
+    if done.returncode != 0:
+        trip.status = send.status = (
+            f"failed: exit {done.returncode}: {done.stderr.decode(errors='replace')[-300:]}"
+        )
+        return
+    result = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    trips = [ms * 1e3 for ms in result["round_trip_ms"]]
+    trip.values.append(percentile(trips, 50))
+    trip.extra["p99"].append(percentile(trips, 99))
+    send.values.append(percentile([ms * 1e3 for ms in result["send_ms"]], 50))
+    versions = ", ".join(f"{k} {v}" for k, v in result["versions"].items())
+    trip.note = send.note = f"{versions}; one process, in-memory MCP transport"

@@ -1,6 +1,7 @@
 """Command line: wall time of the commands agents call in loops (``send``, ``read``,
-``wait --timeout 0``, ``tail -n 5``, ``status``) against a bare start of the very same
-interpreter (``python -c pass``).
+``wait --timeout 0``, ``tail -n 5``, ``status``, and the conversation's ``ask`` answered
+by a replier process, ``reply``, ``history``, ``task done``) against a bare start of the
+very same interpreter (``python -c pass``).
 
 Agents that shell out once per message pay the process start-up on every message, so
 this is the figure a bash loop sees. Runs are interleaved (bare, send, read, wait, …)
@@ -16,11 +17,13 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Final
 
+from bench.ask import REPLIER
 from bench.common import Row, Section, Sizes, Workspace, child_env, ralph
 
 NOSITE_NOTE: Final = (
@@ -142,6 +145,10 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
             ("cli_wait", "ralph-mail wait --timeout 0 (nothing new)"),
             ("cli_tail", "ralph-mail tail -n 5"),
             ("cli_status", "ralph-mail status"),
+            ("cli_ask", "ralph-mail ask (answered by a replier process)"),
+            ("cli_reply", "ralph-mail reply"),
+            ("cli_history", "ralph-mail history -n 20"),
+            ("cli_task_done", "ralph-mail task done"),
         )
     }
     bare_s = sec.add(
@@ -167,65 +174,101 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
         )
     )
     bare_env = child_env()
-    cases: list[tuple[Row, list[str], dict[str, str]]] = [
-        (bare, [sys.executable, "-c", "pass"], bare_env),
-        (bare_s, [sys.executable, "-S", "-c", "pass"], bare_env),
+    #: (row, argv, env, what to do before each run: it may return the argv to run)
+    cases: list[tuple[Row, list[str], dict[str, str], Callable[[], list[str] | None]]] = [
+        (bare, [sys.executable, "-c", "pass"], bare_env, _nothing),
+        (bare_s, [sys.executable, "-S", "-c", "pass"], bare_env, _nothing),
     ]
-    feeder = None
+    feeder = replier = None
     if status == "ok":
         assert not isinstance(rm, str) and not isinstance(exe, str)
         home = ws.fresh("cli")
-        rm.create_team("cli", ["reader", "sender"], home=home)
+        rm.create_team("cli", ["reader", "sender", "oracle"], home=home)
         feeder = rm.MessageBus("cli", "sender", home=home)
+        reader = rm.MessageBus("cli", "reader", home=home)
         env = {"RALPH_HOME": str(home), "RALPH_TEAM": "cli"}
         argv_send = ["send", "reader", "status: parsing done, 3 warnings"]
+        replier = subprocess.Popen(
+            [sys.executable, "-c", REPLIER, str(home), str(1 << 30), "cli", "oracle"],
+            stdout=subprocess.PIPE, env=child_env(),
+        )  # fmt: skip
+        assert replier.stdout is not None and replier.stdout.readline() == b"ready\n"
+        counter = iter(range(1 << 30))
+
+        def one_new() -> None:
+            feeder.send("reader", "text", "one new message")  # type: ignore[union-attr]
+
+        def request() -> list[str]:
+            sent = feeder.send("reader", "request", "is the build green?")  # type: ignore[union-attr]
+            return [str(exe), "reply", sent.id, "yes, green"]
+
+        def task() -> list[str]:
+            reader.set_presence("idle")  # the delegator asks an agent that is online
+            given = feeder.delegate("reader", "parse the logs", id=f"T-{next(counter)}")  # type: ignore[union-attr]
+            return [str(exe), "task", "done", given.id, "parsed"]
+
+        as_reader = child_env(env | {"RALPH_AGENT": "reader"})
+        as_sender = child_env(env | {"RALPH_AGENT": "sender"})
         cases += [
             (
                 send,
                 [str(exe), "send", "reader", "status: parsing done, 3 warnings"],
-                child_env(env | {"RALPH_AGENT": "sender"}),
+                as_sender,
+                _nothing,
             ),
-            (read, [str(exe), "read"], child_env(env | {"RALPH_AGENT": "reader"})),
-            (
-                more["cli_wait"],
-                [str(exe), "wait", "--timeout", "0"],
-                child_env(env | {"RALPH_AGENT": "sender"}),
-            ),
-            (
-                more["cli_tail"],
-                [str(exe), "tail", "reader", "-n", "5"],
-                child_env(env | {"RALPH_AGENT": "sender"}),
-            ),
+            (read, [str(exe), "read"], as_reader, one_new),
+            (more["cli_wait"], [str(exe), "wait", "--timeout", "0"], as_sender, _nothing),
+            (more["cli_tail"], [str(exe), "tail", "reader", "-n", "5"], as_sender, _nothing),
             (
                 more["cli_status"],
                 [str(exe), "status", "parsing", "--state", "working"],
-                child_env(env | {"RALPH_AGENT": "sender"}),
+                as_sender,
+                _nothing,
             ),
+            (
+                more["cli_ask"],
+                [str(exe), "ask", "oracle", "is the build green?", "--timeout", "30"],
+                as_sender,
+                _nothing,
+            ),
+            (more["cli_reply"], [], as_reader, request),
+            (
+                more["cli_history"],
+                [str(exe), "history", "reader", "-n", "20"],
+                as_sender,
+                _nothing,
+            ),
+            (more["cli_task_done"], [], as_reader, task),
             (
                 send_s,
                 [sys.executable, "-S", str(exe), *argv_send],
                 child_env(env | {"RALPH_AGENT": "sender", "PYTHONPATH": nosite_path(rm)}),
+                _nothing,
             ),
         ]
     try:
         for i in range(WARMUP + sizes.cli_runs):
-            for row, argv, env in cases:
+            for row, argv, env, prepare in cases:
                 if row.status != "ok":
                     continue
-                if row is read and feeder is not None:
-                    feeder.send("reader", rm.MessageType.TEXT, "one new message")  # type: ignore[union-attr]
-                result = run_cmd(argv, env)
+                result = run_cmd(prepare() or argv, env)
                 if result.code not in (0, 1):  # 1: wait --timeout 0 found nothing
                     row.status = f"failed: exit {result.code}: {result.stderr.strip()[-300:]}"
                 elif i >= WARMUP:
                     row.values.append(result.seconds * 1e3)
         scratch = ws.fresh("rss")
-        for row, argv, env in cases:  # one more run each, through GNU time, for memory
+        for row, argv, env, prepare in cases:  # one more run each, through GNU time
             if row.status == "ok":
-                if row is read and feeder is not None:
-                    feeder.send("reader", rm.MessageType.TEXT, "one new message")  # type: ignore[union-attr]
-                row.extra["rss_mib"].append(peak_rss_mib(argv, env, scratch))
+                row.extra["rss_mib"].append(peak_rss_mib(prepare() or argv, env, scratch))
     finally:
         if feeder is not None:
             feeder.close()
+            reader.close()
+        if replier is not None:
+            replier.terminate()  # our own child, answering until told to stop
+            replier.wait(timeout=60)
     return sec
+
+
+def _nothing() -> None:
+    return None

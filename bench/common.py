@@ -52,7 +52,10 @@ class Sizes:
     repetitions; ``idle_s`` seconds over which idle CPU is measured; ``cli_runs``
     runs per command; ``fanout_sizes`` broadcast team sizes; ``fanout_n``
     broadcasts per repetition; ``tail_backlog`` messages in the inbox ``tail`` reads;
-    ``tail_runs`` runs of ``tail``.
+    ``tail_runs`` runs of ``tail``; ``peer_asks`` round trips of MCP Agent Mail;
+    ``history_small`` and ``history_big`` the other messages a conversation is buried
+    under; ``history_runs`` calls of ``history`` timed; ``tree_tasks`` and
+    ``tree_events`` the size of the task log ``tasks`` folds.
     """
 
     name: str
@@ -75,6 +78,12 @@ class Sizes:
     fanout_n: int
     tail_backlog: int
     tail_runs: int
+    peer_asks: int
+    history_small: int
+    history_big: int
+    history_runs: int
+    tree_tasks: int
+    tree_events: int
 
 
 SIZES: Final[dict[str, Sizes]] = {
@@ -99,6 +108,12 @@ SIZES: Final[dict[str, Sizes]] = {
         fanout_n=100,
         tail_backlog=1_000_000,
         tail_runs=7,
+        peer_asks=30,
+        history_small=2_000,
+        history_big=200_000,
+        history_runs=200,
+        tree_tasks=10_000,
+        tree_events=100_000,
     ),
     "quick": Sizes(
         name="quick",
@@ -121,6 +136,12 @@ SIZES: Final[dict[str, Sizes]] = {
         fanout_n=20,
         tail_backlog=1_000_000,
         tail_runs=3,
+        peer_asks=10,
+        history_small=2_000,
+        history_big=200_000,
+        history_runs=50,
+        tree_tasks=10_000,
+        tree_events=100_000,
     ),
     "smoke": Sizes(
         name="smoke",
@@ -143,6 +164,12 @@ SIZES: Final[dict[str, Sizes]] = {
         fanout_n=2,
         tail_backlog=1_000,
         tail_runs=1,
+        peer_asks=2,
+        history_small=20,
+        history_big=200,
+        history_runs=2,
+        tree_tasks=20,
+        tree_events=200,
     ),
 }
 
@@ -344,6 +371,8 @@ class Workspace:
         self._counter = 0
         self._inboxes: dict[int, Path] = {}
         self._template: dict[str, Any] | None = None
+        #: The virtual environment MCP Agent Mail is installed in (``--peer-venv``).
+        self.peer_venv: Path | None = None
         # A user's RALPH_DURABLE or size limit would silently change what is measured.
         for name in [k for k in os.environ if k.startswith("RALPH_")]:
             del os.environ[name]

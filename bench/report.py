@@ -322,10 +322,55 @@ def targets(secs: Sections) -> list[Target]:
         lambda r: r <= 15.0,
         "{r:.1f}x",
     )
-    for command in ("send", "read", "wait", "tail", "status"):
+    trip = row(ask, "ask_roundtrip")
+    for key, label, limit, extra in (
+        ("ask_p50", "ask round trip p50", 1.0, None),
+        ("ask_p99", "ask round trip p99", 5.0, "p99"),
+    ):
+        miss = _missing(key, label, f"≤ {limit:g} ms", trip)
+        if miss is not None:
+            out.append(miss)
+            continue
+        assert trip is not None
+        value = (trip.stat.median if extra is None else _extra(trip, extra)) / 1e3
+        out.append(Target(key, label, f"{fmt(value, 'ms')} ms", "—", math.nan, "—",
+                          f"≤ {limit:g} ms", value <= limit))  # fmt: skip
+    add_ratio(
+        "ask_vs_agent_mail",
+        "ask round trip (p50) vs MCP Agent Mail's send + fetch + reply (p50)",
+        trip,
+        row(ask, "agent_mail_roundtrip"),
+        "faster",
+        lambda f, a: a.stat.median / f.stat.median,
+        lambda r: r > 1.0,
+        "{r:,.0f}x faster",
+    )
+    conversation = secs.get("conversation")
+    add_ratio(
+        "history_buried",
+        "history(X, 20) buried under many others vs under few",
+        row(conversation, "history_big"),
+        row(conversation, "history_small"),
+        "≤ 1.5x",
+        time_ratio,
+        lambda r: r <= 1.5,
+        "{r:.2f}x",
+    )
+    tree = row(conversation, "cli_tasks")
+    miss = _missing("tasks_tree", "ralph-mail tasks over the task log", "≤ 200 ms", tree)
+    if miss is not None:
+        out.append(miss)
+    else:
+        assert tree is not None
+        bare = row(conversation, "bare_python")
+        out.append(Target("tasks_tree", tree.label, spread(tree),
+                          f"bare start: {spread(bare)}" if bare else "—", math.nan, "—",
+                          "≤ 200 ms", tree.stat.median <= 200.0))  # fmt: skip
+    for command in ("send", "read", "wait", "tail", "status", "ask", "reply", "history",
+                    "task_done"):  # fmt: skip
         add_ratio(
             f"cli_{command}",
-            f"ralph-mail {command} vs bare interpreter",
+            f"ralph-mail {command.replace('_', ' ')} vs bare interpreter",
             row(cli, f"cli_{command}"),
             row(cli, "bare_python"),
             "≤ 4x",

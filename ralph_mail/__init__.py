@@ -12,7 +12,7 @@ TYPE_CHECKING = False  # not typing's: importing typing here would cost start-up
 if TYPE_CHECKING:
     from typing import Any
 
-    from ralph_mail.agent import PlanDecision, Task, TeamAgent
+    from ralph_mail.agent import Assignment, PlanDecision, TeamAgent
     from ralph_mail.bus import MessageBus
     from ralph_mail.errors import (
         AgentOffline,
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
         TeamOrchestrator,
     )
     from ralph_mail.presence import AgentInfo
+    from ralph_mail.tasks import Task
     from ralph_mail.team import Member, Team, create_team, delete_team, list_teams, load_team
 
 # Every name is imported on first use (PEP 562): `import ralph_mail.cli` then costs
@@ -70,6 +71,7 @@ _ERRORS = [
 _LAZY = {
     **dict.fromkeys(_ERRORS, "ralph_mail.errors"),
     "AgentInfo": "ralph_mail.presence",
+    "Assignment": "ralph_mail.agent",
     "AgentProgress": "ralph_mail.orchestrator",
     "Event": "ralph_mail.orchestrator",
     "EventKind": "ralph_mail.orchestrator",
@@ -80,7 +82,7 @@ _LAZY = {
     "Plan": "ralph_mail.orchestrator",
     "PlanDecision": "ralph_mail.agent",
     "ShutdownReport": "ralph_mail.orchestrator",
-    "Task": "ralph_mail.agent",
+    "Task": "ralph_mail.tasks",
     "Team": "ralph_mail.team",
     "TeamAgent": "ralph_mail.agent",
     "TeamOrchestrator": "ralph_mail.orchestrator",
@@ -94,6 +96,7 @@ __all__ = [
     "AgentInfo",
     "AgentOffline",
     "AgentProgress",
+    "Assignment",
     "BroadcastError",
     "DepthLimit",
     "Event",

@@ -6,7 +6,10 @@ The agent processes its inbox between tasks and while idle:
 * a shutdown request is accepted when idle, and deferred ("finishing current task") while
   a task is in hand, so the lead asks again once the agent reports it is done;
 * a plan approval reaches the `TeamAgent.submit_plan` call waiting for it;
-* text and broadcasts become context for its next step (`TeamAgent.take_context`).
+* text and broadcasts become context for its next step (`TeamAgent.take_context`);
+* a teammate's question (a ``request``, from `MessageBus.ask`) is answered by the
+  ``answer`` function given to the agent, or waits in `TeamAgent.questions` for the
+  program to answer with ``agent.bus.reply``.
 
 Messages are handled at least once (peek, handle, commit) and at most once per id: the
 agent remembers the ids it handled recently, so a message resent under the same id (a
@@ -25,6 +28,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -37,8 +41,8 @@ from ralph_mail.store.watch import StopEvent
 
 
 @dataclass(frozen=True, slots=True)
-class Task:
-    """A task in an agent's hands.
+class Assignment:
+    """A task in an agent's hands (its entry in the team's tree is a `ralph_mail.Task`).
 
     Attributes:
         id: the task id (``metadata.taskId`` of the assignment).
@@ -98,6 +102,8 @@ class TeamAgent:
         auto_shutdown: answer shutdown requests by the rule above; when False, a request
             waits in `shutdown_request` for `accept_shutdown` or `defer_shutdown`.
         durable: fsync each send (default ``$RALPH_DURABLE``, else off).
+        answer: called with each ``request`` a teammate asks; what it returns is sent
+            back as the reply. Without it, requests wait in `questions`.
     """
 
     def __init__(
@@ -109,15 +115,19 @@ class TeamAgent:
         lead: str | None = None,
         auto_shutdown: bool = True,
         durable: bool | None = None,
+        answer: Callable[[Message], str] | None = None,
     ) -> None:
         self.bus = MessageBus(team, name, home, durable=durable)
+        self.answer = answer
+        #: Requests not yet answered (without an ``answer`` function), oldest first.
+        self.questions: deque[Message] = deque()
         self.name = self.bus.agent
         self.lead = lead if lead is not None else self.bus.team.lead
         self.auto_shutdown = auto_shutdown
         #: The task in hand, or None.
-        self.task: Task | None = None
+        self.task: Assignment | None = None
         #: Tasks assigned while another was in hand, oldest first.
-        self.backlog: deque[Task] = deque()
+        self.backlog: deque[Assignment] = deque()
         #: Text and broadcasts not yet taken by `take_context`, oldest first.
         self.context: list[Message] = []
         #: The newest shutdown request not yet answered (with ``auto_shutdown`` off).
@@ -161,7 +171,7 @@ class TeamAgent:
 
     def next_task(
         self, timeout: float | None = None, *, stop: StopEvent | None = None
-    ) -> Task | None:
+    ) -> Assignment | None:
         """The task in hand; without one, wait for an assignment while handling the inbox.
 
         Returns None when the agent accepted a shutdown, after ``timeout`` seconds
@@ -193,7 +203,7 @@ class TeamAgent:
             del self._seen[next(iter(self._seen))]
         if message.type == MessageType.TASK_ASSIGNMENT:
             task_id = message.metadata.get(protocol.TASK_ID) or message.id
-            task = Task(task_id, message.content, message)
+            task = Assignment(task_id, message.content, message)
             if self.task is None:
                 self.task = task
             else:
@@ -212,6 +222,11 @@ class TeamAgent:
                 self._approvals[message.reply_to] = message
         elif message.type in (MessageType.TEXT, MessageType.BROADCAST):
             self.context.append(message)
+        elif message.type == MessageType.REQUEST:
+            if self.answer is None:
+                self.questions.append(message)
+            else:
+                self.bus.reply(message, self.answer(message))
         return True
 
     def take_context(self) -> list[str]:
@@ -226,9 +241,9 @@ class TeamAgent:
 
     # -- tasks and status -----------------------------------------------------------------
 
-    def start_task(self, task_id: str, description: str = "") -> Task:
+    def start_task(self, task_id: str, description: str = "") -> Assignment:
         """Take a task the lead did not assign (it goes to the backlog if one is in hand)."""
-        task = Task(protocol.check_task_id(task_id), description)
+        task = Assignment(protocol.check_task_id(task_id), description)
         if self.task is None:
             self.task = task
         else:

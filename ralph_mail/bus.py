@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from itertools import accumulate, repeat
 from types import TracebackType
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
@@ -208,8 +208,12 @@ class MessageBus:
         _extend(envelope, thread, priority, ack, visibility, chain)
         if "thread" in envelope:
             self._loop_guard(str(envelope["thread"]), visibility)
+        return self._deliver(envelope)
+
+    def _deliver(self, envelope: dict[str, object]) -> Message:
+        """Append a checked envelope to its recipient's inbox, and index it."""
         head, tail = encode_parts(envelope, self.max_message_bytes)
-        envelope["ts"], offset = self._store.append(recipient, head, tail)
+        envelope["ts"], offset = self._store.append(str(envelope["to"]), head, tail)
         self._touch()
         message = from_envelope(envelope)
         self._index(message, offset, len(head) + len(TS_PLACEHOLDER) + len(tail))
@@ -273,11 +277,12 @@ class MessageBus:
 
     # -- presence -------------------------------------------------------------------------
 
-    def _touch(self) -> None:
-        """Note that my agent is active (at most once a second per bus: cheap in a loop)."""
+    def _touch(self) -> bool:
+        """Note that my agent is active (at most once a second per bus: cheap in a loop);
+        return whether it did."""
         now = time.monotonic()
         if now - self._touched < _TOUCH_EVERY_S:
-            return
+            return False
         self._touched = now
         try:
             raw = self._store.load_presence(self.agent)
@@ -287,6 +292,7 @@ class MessageBus:
         except (MailError, ValueError) as exc:  # presence is a hint: never stop mail for it
             warnings.warn(f"cannot note {self.agent!r} as active: {exc}", RuntimeWarning,
                           stacklevel=3)  # fmt: skip
+        return True
 
     def set_presence(self, state: str, until: str | datetime | None = None) -> None:
         """Say what my agent is doing: ``idle``, ``working``, ``sleeping`` (until
@@ -334,7 +340,9 @@ class MessageBus:
         Refused before anything is written: delegating to myself, to an offline agent
         (`AgentOffline`), a bad id or priority. Delegating again under the same ``id``
         (a retry) sends the same assignment again, which a receiver that remembers ids
-        handles once.
+        handles once. A sleeping assignee gets the assignment when it wakes: it is held
+        until the ``until`` of its sleep (or until it says it is doing something else),
+        then delivered, once, by the assignee's own next read.
 
         Example:
             >>> task = bus.delegate("writer", "Draft the Q4 post")  # doctest: +SKIP
@@ -342,8 +350,8 @@ class MessageBus:
         assignee = self._recipient(to)
         if assignee == self.agent:
             raise InvalidMessage(f"{to!r} is delegating to itself: name a teammate")
-        self._require_online(assignee)
-        return self._give(assignee, description, context, priority, parent, id)[0]
+        until = self._require_online(assignee)
+        return self._give(assignee, description, context, priority, parent, id, hold=until)[0]
 
     def _give(
         self,
@@ -355,9 +363,11 @@ class MessageBus:
         id: str | None,
         *,
         strict: bool = True,
+        hold: str = "",
     ) -> tuple[Task, Message]:
         """Record (unless known) and send a task; ``strict=False`` (the lead's assign)
-        lets an existing id be given out again with other words, as a new assignment."""
+        lets an existing id be given out again with other words, as a new assignment.
+        With ``hold`` (a ts), the assignment is held for the assignee until then."""
         from ralph_mail import protocol, tasks
 
         task_id = protocol.check_task_id(id) if id is not None else f"t-{new_id()[:8]}"
@@ -376,16 +386,58 @@ class MessageBus:
         if task is None:
             now = format_ts(time.time_ns() // 1000)
             task = tasks.Task(task_id, description, self.agent, assignee, parent,
-                              priority or "normal", "pending", "", now, now, new_id())  # fmt: skip
+                              priority or "normal", "pending", "", now, now, new_id(),
+                              held_until=hold)  # fmt: skip
             self._store.log_append(tasks.LOG, tasks.created(task))
         metadata = {protocol.TASK_ID: task_id}
         if task.parent:
             metadata["parent"] = task.parent
         if context is not None:
             metadata["context"] = context
-        sent = self._send(assignee, MessageType.TASK_ASSIGNMENT, description, metadata, None,
-                          task.assignment, priority=priority)  # fmt: skip
-        return task, sent
+        if not hold:
+            sent = self._send(assignee, MessageType.TASK_ASSIGNMENT, description, metadata,
+                              None, task.assignment, priority=priority)  # fmt: skip
+            return task, sent
+        envelope = self._envelope(assignee, MessageType.TASK_ASSIGNMENT, description, metadata,
+                                  None, task.assignment)  # fmt: skip
+        _extend(envelope, None, priority, False, None)
+        encode_parts(envelope, self.max_message_bytes)  # refuses what could never be sent
+        record = {"held": envelope, "until": hold, "since": self._store.size(assignee)}
+        self._store.log_append(f"{_HELD}{assignee}", orjson.dumps(record) + b"\n")
+        return task, from_envelope(envelope)
+
+    def _release_held(self) -> None:
+        """Deliver to my inbox the assignments held while I slept whose hold is over (or
+        all, once I am not sleeping). Only the process consuming my inbox runs this, so
+        no two release one; run again after a crash, it delivers what is not there yet."""
+        from ralph_mail import presence
+
+        log = self._store.log_read(f"{_HELD}{self.agent}")
+        if not log:
+            return
+        held: dict[str, dict[str, Any]] = {}
+        for line in log.splitlines():
+            try:
+                record = orjson.loads(line)
+                if "released" in record:
+                    held.pop(str(record["released"]), None)
+                else:
+                    held[str(record["held"]["id"])] = record
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                continue  # a damaged record: the others are still released
+        if not held:
+            return
+        state, _, _ = presence.presence_of(self._team, self.agent)
+        now = format_ts(time.time_ns() // 1000)
+        for message_id, record in held.items():
+            if state == "sleeping" and str(record.get("until", "")) > now:
+                continue
+            # Where gc collected the inbox since, err on delivering twice (a receiver
+            # that remembers ids handles it once), never on losing the task.
+            if not self._delivered(self.agent, message_id, int(record.get("since", 0))):
+                self._deliver(dict(record["held"]))
+            released = orjson.dumps({"released": message_id}) + b"\n"
+            self._store.log_append(f"{_HELD}{self.agent}", released)
 
     def start(self, task_id: str) -> Task:
         """Mark my task ``task_id`` active."""
@@ -488,9 +540,18 @@ class MessageBus:
         """Answer ``message`` (any message, not only a request) with a ``reply`` to its
         sender, in its thread.
 
+        A request gets one reply from me: replying to it again (a responder killed after
+        replying and run again on the same request) sends nothing and returns the reply
+        already sent.
+
         Example:
             >>> bus.reply(question, "Q4 revenue was $2.4M")  # doctest: +SKIP
         """
+        if message.type == MessageType.REQUEST:
+            for earlier in self._indexed(f"thread+{message.thread}", 1 << 62):
+                mine = earlier.from_agent == self.agent and earlier.reply_to == message.id
+                if mine and earlier.type == MessageType.REPLY:
+                    return earlier
         return self._send(message.from_agent, MessageType.REPLY, content, metadata,
                           message.id, None, message.thread, priority, ack, visibility)  # fmt: skip
 
@@ -503,6 +564,7 @@ class MessageBus:
         timeout: float = 120.0,
         priority: str | None = None,
         metadata: Mapping[str, str] | None = None,
+        id: str | None = None,
     ) -> Message:
         """Send ``to`` a ``request`` and block until its ``reply`` arrives; return the reply.
 
@@ -511,6 +573,10 @@ class MessageBus:
         (``RALPH_CHAIN`` of the request being handled, plus me), and is refused before
         anything is written when it would exceed the team's ``max_depth`` (`DepthLimit`),
         or when it asks myself. No reply within ``timeout`` seconds: `NoReply`.
+
+        ``id`` names the request, so an asker killed while it waited, run again with the
+        same ``id``, gets the reply (the one that came meanwhile, or the one still to
+        come) and does not ask again.
 
         Example:
             >>> bus.ask("analyst", "Q4 revenue?", context="investor update")  # doctest: +SKIP
@@ -526,14 +592,21 @@ class MessageBus:
             )
         if not isinstance(timeout, (int, float)) or not timeout >= 0:
             raise InvalidMessage(f"invalid timeout {timeout!r}: give a number of seconds >= 0")
+        if id is not None:
+            earlier = self._asked_before(check_id(id), to, timeout)
+            if earlier is not None:
+                return earlier
         self._require_online(self._recipient(to))
         extra = dict(check_metadata(metadata))
         if context is not None:
             extra["context"] = context
         start = self._store.size(self.agent)
-        request = self._send(to, MessageType.REQUEST, question, extra, None, None,
+        request = self._send(to, MessageType.REQUEST, question, extra, None, id,
                              priority=priority, chain=chain)  # fmt: skip
-        answer = self._await_reply(request.id, start, timeout)
+        return self._answer_of(request.id, to, start, timeout)
+
+    def _answer_of(self, request_id: str, to: str, start: int, timeout: float) -> Message:
+        answer = self._await_reply(request_id, start, timeout)
         if answer is None:
             raise NoReply(
                 f"{to} did not answer within {timeout:g} s; ask again, or delegate work "
@@ -541,16 +614,34 @@ class MessageBus:
             )
         return answer
 
-    def _require_online(self, agent: str) -> None:
-        """`AgentOffline` unless ``agent`` is online or sleeping (a request wakes it)."""
+    def _asked_before(self, request_id: str, to: str, timeout: float) -> Message | None:
+        """The reply to my request ``request_id`` if I sent it before (waiting for it if
+        it has not come yet); None when I never sent it."""
+        asked = False
+        for message in self._indexed(f"thread+{request_id}", 1 << 62):
+            if message.type == MessageType.REPLY and message.reply_to == request_id:
+                self._consume_if_mine(message)
+                return message
+            asked = asked or (message.id == request_id and message.from_agent == self.agent)
+        if not asked:
+            return None
+        # Not answered when the thread was read: the reply is unconsumed mail, at or above
+        # my cursor's floor (a reply consumed by a run that died is in the thread above).
+        return self._answer_of(request_id, to, self._store.load_cursor(self.agent).floor,
+                               timeout)  # fmt: skip
+
+    def _require_online(self, agent: str) -> str:
+        """`AgentOffline` unless ``agent`` is online or sleeping (a request wakes it);
+        return the ``until`` of its sleep, or ""."""
         from ralph_mail import presence
 
-        state, last_seen, _ = presence.presence_of(self._team, agent)
+        state, last_seen, until = presence.presence_of(self._team, agent)
         if state == "offline":
             seen = f"last seen {last_seen}" if last_seen else "never seen"
             raise AgentOffline(
                 f"{agent} is offline ({seen}): start it, or send a note it reads later"
             )
+        return until
 
     def ack(self, message: Message) -> Message:
         """Acknowledge ``message`` to its sender (reading never does).
@@ -745,7 +836,8 @@ class MessageBus:
             if self._compact_due:
                 self._compact()
             cursor = self._load()
-            self._touch()
+            if self._touch():
+                self._release_held()
             while True:
                 data, offset = self._store.read(self.agent, self._scanned)
                 if offset < self._scanned:
@@ -982,6 +1074,8 @@ class MessageBus:
 
 #: How often one bus notes its agent as active (s); see ralph_mail.presence.
 _TOUCH_EVERY_S = 1.0
+#: The team log of the assignments held for a sleeping agent: ``held.AGENT``.
+_HELD = "held."
 
 #: Types that start a thread of their own, indexed under their id for `thread`.
 _THREAD_STARTERS = frozenset({MessageType.REQUEST, MessageType.TASK_ASSIGNMENT})

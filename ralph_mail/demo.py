@@ -5,8 +5,12 @@ starts ``ralph-mail lead`` (the live table on a terminal) and three worker proce
 (`TeamAgent`, ``python -m ralph_mail.demo worker TEAM NAME DELAY``). Each worker plans,
 waits for the lead's review, reports its progress and finishes; worker-2's first plan
 has no test step, so the review (a ``cmd:`` policy: ``grep``) rejects it and worker-2
-revises it. Once all are done the lead asks everyone to shut down, they accept, and
-the demo exits with the lead's exit code, leaving no process behind.
+revises it. The workers also talk to each other: worker-2 asks worker-1 a question
+(`MessageBus.ask`) and reports the reply; worker-3 delegates a subtask to worker-1
+(`MessageBus.delegate`), which does it after its own, and reports the result that comes
+back. The lead sees each finished task as a ``task_completed`` event. Once all are done
+the lead asks everyone to shut down, they accept, and the demo exits with the lead's
+exit code, leaving no process behind.
 
 Example:
     >>> run_demo(None, delay=0.0)   # doctest: +SKIP
@@ -23,9 +27,13 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import IO, Final
+from typing import IO, TYPE_CHECKING, Final
 
 from ralph_mail.settings import DEMO_TIMEOUT_S
+
+if TYPE_CHECKING:
+    from ralph_mail.agent import TeamAgent
+    from ralph_mail.tasks import Task
 
 WORKERS: Final = (
     ("worker-1", "parses logs", "T-1", "parse the web server logs"),
@@ -42,6 +50,12 @@ REVIEW: Final = (
     "cmd:grep -qi test && echo 'approved: it says how it is tested' "
     "|| { echo 'rejected: add a step that tests the result'; exit 1; }"
 )
+#: worker-2's question to worker-1, and worker-1's answer.
+QUESTION: Final = ("worker-1", "how many log lines could not be parsed?")
+ANSWER: Final = "3 of 2,000: truncated lines at the rotation boundary"
+#: worker-3's subtask for worker-1, and worker-1's result.
+SUBTASK: Final = ("worker-1", "T-3.1", "count the orders in the database dump")
+SUBTASK_RESULT: Final = "1,204 orders"
 #: Work steps per task; each reports progress.
 STEPS: Final = 3
 #: How long the demo waits for its workers to exit once the lead is done (s).
@@ -71,8 +85,7 @@ def run_demo(home: str | os.PathLike[str] | None = None, delay: float = 0.6) -> 
     without it a temporary home is used and removed afterwards. ``delay`` is the length
     of one simulated work step in seconds.
     """
-    from ralph_mail.bus import MessageBus
-    from ralph_mail.message import MessageType
+    from ralph_mail.orchestrator import TeamOrchestrator
     from ralph_mail.team import create_team
 
     out = sys.stdout
@@ -86,9 +99,9 @@ def run_demo(home: str | os.PathLike[str] | None = None, delay: float = 0.6) -> 
         name = _team_name(root)
         create_team(name, [("lead", "runs the team")] + [w[:2] for w in WORKERS], root)
         _say(out, f"ralph-mail demo: team {name} in {root}: a lead and {len(WORKERS)} workers")
-        with MessageBus(name, "lead", root) as lead_bus:
+        with TeamOrchestrator(name, root) as orchestrator:
             for worker, _, task_id, task in WORKERS:
-                lead_bus.send(worker, MessageType.TASK_ASSIGNMENT, task, {"taskId": task_id})
+                orchestrator.assign(worker, task_id, task)
                 _say(out, f"assigned {task_id} to {worker}: {task}")
         env = {k: v for k, v in os.environ.items() if not k.startswith("RALPH_")}
         env.update(RALPH_HOME=str(root), RALPH_TEAM=name)
@@ -129,6 +142,8 @@ def run_demo(home: str | os.PathLike[str] | None = None, delay: float = 0.6) -> 
             _say(out, log_path.read_text(errors="replace")[-4000:])
             code = code or 1
         if code == 0:
+            _say(out, "the team's task tree (ralph-mail tasks):")
+            out.write(_tree(root, name))
             _say(out, "demo done: every task approved and finished, every worker shut down")
         if not temporary:
             _say(
@@ -143,6 +158,13 @@ def run_demo(home: str | os.PathLike[str] | None = None, delay: float = 0.6) -> 
         _reap(children, 0.0)  # only does something after an error, Ctrl-C or SIGTERM
         if temporary:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _tree(home: Path, team: str) -> str:
+    from ralph_mail.tasks import LOG, draw, fold
+    from ralph_mail.team import load_team
+
+    return draw(fold(load_team(team, home).store.log_read(LOG))[0])
 
 
 class _Stopped(Exception):
@@ -181,9 +203,14 @@ def worker(team: str, name: str, delay: float) -> int:
     """One demo worker: plan (revise on rejection), work in steps, finish; stop when asked."""
     from ralph_mail.agent import TeamAgent
 
-    with TeamAgent(team, name) as agent:
+    with TeamAgent(team, name, answer=lambda request: ANSWER) as agent:
         while (task := agent.next_task(timeout=DEMO_TIMEOUT_S)) is not None:
             agent.report_status(f"read {task.id}: {task.description}", progress=0)
+            if task.message is not None and task.message.from_agent != agent.lead:
+                # A teammate's subtask: no plan to review, just the work and its result.
+                agent.wait_for_messages(timeout=delay)
+                agent.finish_task(SUBTASK_RESULT)
+                continue
             plan = PLANS.get(name, "1. do the task 2. test the result")
             decision = agent.submit_plan(plan, wait=DEMO_TIMEOUT_S)
             if decision.approved is False:
@@ -193,12 +220,37 @@ def worker(team: str, name: str, delay: float) -> int:
             if not decision.approved:
                 agent.finish_task(f"no approved plan: {decision.feedback}", state="failed")
                 continue
+            subtask = None
             for step in range(1, STEPS + 1):
                 # One step of simulated work; the inbox is answered meanwhile.
                 agent.wait_for_messages(timeout=delay)
                 agent.report_status(f"step {step} of {STEPS}", progress=step / (STEPS + 1))
+                if step == 1:
+                    subtask = _talk(agent)
+            if subtask is not None:
+                since, delegated = subtask
+                result = agent.bus.wait_for_result(delegated, DEMO_TIMEOUT_S, since)
+                came = result.content if result is not None else "nothing came back in time"
+                agent.report_status(f"{delegated.id} came back from {delegated.assignee}: {came}")
             agent.finish_task(f"{task.id} finished")
     return 0
+
+
+def _talk(agent: TeamAgent) -> tuple[int, Task] | None:
+    """worker-2 asks worker-1 its question; worker-3 delegates its subtask to worker-1
+    and returns it with where its inbox ended before (to wait for the result)."""
+    if agent.name == "worker-2":
+        to, question = QUESTION
+        reply = agent.bus.ask(to, question, timeout=DEMO_TIMEOUT_S)
+        agent.report_status(f"asked {to} {question!r}: {reply.content}")
+    elif agent.name == "worker-3":
+        to, task_id, description = SUBTASK
+        since = agent.bus.store.size(agent.name)
+        delegated = agent.bus.delegate(to, description, id=task_id, parent=agent.task.id
+                                       if agent.task else None)  # fmt: skip
+        agent.report_status(f"delegated {task_id} to {to}: {description}")
+        return since, delegated
+    return None
 
 
 def main(argv: list[str]) -> int:

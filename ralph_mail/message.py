@@ -262,6 +262,18 @@ def format_ts(micros: int) -> str:
     return f"{_ts_prefix}.{fraction:06d}Z"
 
 
+def parse_ts(ts: str) -> float:
+    """Seconds since the epoch for a ``ts`` that `format_ts` wrote.
+
+    >>> parse_ts("2023-11-14T22:13:20.123456Z")
+    1700000000.123456
+    """
+    import calendar  # here, not above: it costs the command line milliseconds to import
+
+    second = calendar.timegm(time.strptime(ts[:19], "%Y-%m-%dT%H:%M:%S"))
+    return second + int(ts[20:26]) / 1_000_000
+
+
 def encode(message: Message) -> bytes:
     """The wire line for ``message``, newline included."""
     try:

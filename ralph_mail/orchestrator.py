@@ -48,8 +48,10 @@ import orjson
 from ralph_mail import protocol
 from ralph_mail.bus import MessageBus
 from ralph_mail.errors import InvalidMessage, MailError, ProtocolError, StoreError
-from ralph_mail.message import Message, MessageType, check_name
+from ralph_mail.message import Message, MessageType, check_name, format_ts, parse_ts
 from ralph_mail.settings import (
+    ACK_CHECK_S,
+    ACK_OVERDUE_S,
     HANDLED_IDS_KEPT,
     PLAN_REVIEW_TIMEOUT_S,
     SHUTDOWN_RETRY_S,
@@ -129,6 +131,7 @@ class EventKind(StrEnum):
     SHUTDOWN_NO_ANSWER = "shutdown_no_answer"
     TASK_COMPLETED = "task_completed"
     TASK_FAILED = "task_failed"
+    ACK_OVERDUE = "ack_overdue"
     ERROR = "error"
     IGNORED = "ignored"
     DUPLICATE = "duplicate"
@@ -319,6 +322,9 @@ class TeamOrchestrator:
         review_plan: the plan review policy (default `approve_all`).
         on_event: called with every `Event` (for a display or a log).
         durable: fsync each send (default ``$RALPH_DURABLE``, else off).
+        ack_overdue: report each message the lead sent with ``ack=True`` that is still
+            unacknowledged after this many seconds as an ``ack_overdue`` event, once,
+            while the loop runs; None: never.
     """
 
     def __init__(
@@ -330,7 +336,14 @@ class TeamOrchestrator:
         review_plan: PlanReviewer | None = None,
         on_event: Callable[[Event], None] | None = None,
         durable: bool | None = None,
+        ack_overdue: float | None = ACK_OVERDUE_S,
     ) -> None:
+        if ack_overdue is not None and not (
+            isinstance(ack_overdue, (int, float)) and 0 <= ack_overdue < float("inf")
+        ):
+            raise InvalidMessage(
+                f"invalid ack_overdue {ack_overdue!r}: give a number of seconds >= 0, or None"
+            )
         lead = agent if agent is not None else load_team(team, home).lead
         self.bus = MessageBus(team, lead, home, durable=durable)
         self.agent = self.bus.agent
@@ -359,6 +372,9 @@ class TeamOrchestrator:
         self._unsaved = False  # handled ids or progress not yet in the state file
         self._asks: dict[str, _Ask] = {}
         self._retry_s = SHUTDOWN_RETRY_S
+        self.ack_overdue = ack_overdue
+        self._overdue: set[str] = set()  # ids already reported as ack_overdue
+        self._acks_next = 0.0  # monotonic time of the next look at the pending acks
         try:
             self._load_state()
         except BaseException:
@@ -450,12 +466,46 @@ class TeamOrchestrator:
             if stop is not None and stop.is_set():
                 return False
             wake = tick() if tick is not None else None
+            acks = self._check_acks()
+            if acks is not None:
+                wake = acks if wake is None else min(wake, acks)
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 return False
             limit = deadline if wake is None else wake if deadline is None else min(wake, deadline)
             timeout = None if limit is None else max(0.0, limit - now)
             self.bus.wait_for_messages(timeout, stop=stop, consume=False)
+
+    def _check_acks(self) -> float | None:
+        """Report the lead's messages unacknowledged for ``ack_overdue`` seconds, each
+        once; return when to look again (monotonic), or None when not looking."""
+        if self.ack_overdue is None:
+            return None
+        now = time.monotonic()
+        if now < self._acks_next:
+            return self._acks_next
+        wall = time.time()
+        cutoff = format_ts(int((wall - self.ack_overdue) * 1_000_000))
+        earliest = None
+        for message in self.bus.pending_acks():
+            if message.id in self._overdue:
+                continue
+            if message.ts <= cutoff:
+                self._overdue.add(message.id)
+                first = message.content.partition("\n")[0]
+                self._emit(
+                    EventKind.ACK_OVERDUE,
+                    message.to_agent,
+                    f"{message.id} not acknowledged after {self.ack_overdue:g} s: {first}",
+                    message,
+                )
+            elif earliest is None or message.ts < earliest:
+                earliest = message.ts
+        self._acks_next = now + ACK_CHECK_S
+        if earliest is not None:
+            due = parse_ts(earliest) + self.ack_overdue - wall
+            self._acks_next = now + max(ACK_CHECK_S, due)
+        return self._acks_next
 
     def _handle(self, message: Message) -> None:
         key = f"{message.from_agent}:{message.id}"

@@ -50,6 +50,11 @@ SHUTDOWN_TIMEOUT_S: Final = 30.0
 #: How soon an agent that deferred a shutdown ("finishing current task") is asked again (s),
 #: unless it reports idle or done first, which re-asks at once.
 SHUTDOWN_RETRY_S: Final = 2.0
+#: After how long a message the lead sent with ``ack=True`` and nobody acknowledged is
+#: reported as an ``ack_overdue`` event (s); ``lead --ack-overdue`` sets it.
+ACK_OVERDUE_S: Final = 300.0
+#: How often, at most, the lead reads its pending acks (s): they are read from the index.
+ACK_CHECK_S: Final = 1.0
 #: How many handled message ids the lead remembers (and persists) to answer each message
 #: once. Redelivery happens only above the committed cursor, so this bounds the retry
 #: window of senders that resend under the same id, not the inbox size.

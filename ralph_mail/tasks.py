@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -41,6 +42,8 @@ class Task:
         updated: when its status last changed.
         assignment: the id of its ``task_assignment`` message.
         notified: whether the delegator was sent its ``task_result``.
+        held_until: for a task given to a sleeping agent, when its sleep ends: the
+            assignment is held until then ("" when it was sent at once).
     """
 
     id: str
@@ -55,6 +58,7 @@ class Task:
     updated: str
     assignment: str
     notified: bool = False
+    held_until: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """The task as ``ralph-mail tasks --json`` prints it."""
@@ -69,6 +73,7 @@ class Task:
             "result": self.result,
             "created": self.created,
             "updated": self.updated,
+            "held_until": self.held_until,
         }
 
 
@@ -107,6 +112,7 @@ def fold(log: bytes) -> tuple[dict[str, Task], dict[str, int]]:
                     task_id, event["description"], event["delegated_by"], event["assignee"],
                     event.get("parent"), event.get("priority", "normal"), "pending", "",
                     event["created"], event["created"], event.get("assignment", ""),
+                    held_until=str(event.get("held_until", "")),
                 )  # fmt: skip
             elif task_id in tasks and kind == "status":
                 old = tasks[task_id]
@@ -125,36 +131,49 @@ def fold(log: bytes) -> tuple[dict[str, Task], dict[str, int]]:
 
 def ordered(tasks: dict[str, Task]) -> list[Task]:
     """Parents first, each followed by its subtasks (depth first, in creation order)."""
-    children: dict[str | None, list[Task]] = {}
-    for task in tasks.values():
-        parent = task.parent if task.parent in tasks else None
-        children.setdefault(parent, []).append(task)
-    out: list[Task] = []
-
-    def walk(parent: str | None) -> None:
-        for task in children.get(parent, []):
-            out.append(task)
-            walk(task.id)
-
-    walk(None)
-    return out
+    return [task for _, task in tree_lines(tasks)]
 
 
 def tree_lines(tasks: dict[str, Task]) -> list[tuple[str, Task]]:
-    """``(prefix, task)`` pairs drawing the tree: ``├── `` and ``└── `` before subtasks."""
+    """``(prefix, task)`` pairs drawing the tree: ``├── `` and ``└── `` before subtasks.
+
+    Walked with a stack, not recursion: a chain of subtasks any depth deep is drawn.
+    """
     children: dict[str | None, list[Task]] = {}
     for task in tasks.values():
-        parent = task.parent if task.parent in tasks else None
+        parent = task.parent if task.parent in tasks and task.parent != task.id else None
         children.setdefault(parent, []).append(task)
     out: list[tuple[str, Task]] = []
-
-    def walk(parent: str | None, indent: str) -> None:
-        kids = children.get(parent, [])
-        for index, task in enumerate(kids):
-            last = index == len(kids) - 1
-            branch = "" if parent is None else ("└── " if last else "├── ")
-            out.append((indent + branch, task))
-            walk(task.id, indent + ("" if parent is None else ("    " if last else "│   ")))
-
-    walk(None, "")
+    seen: set[str] = set()
+    # Roots first; then any task left unseen (parents that name each other) as a root.
+    for root in [*children.get(None, []), *tasks.values()]:
+        # (task, prefix drawn before it, indent its own subtasks get)
+        stack = [(root, "", "")]
+        while stack:
+            task, prefix, indent = stack.pop()
+            if task.id in seen:
+                continue
+            seen.add(task.id)
+            out.append((prefix, task))
+            kids = children.get(task.id, [])
+            for index in reversed(range(len(kids))):
+                last = index == len(kids) - 1
+                stack.append((kids[index], indent + ("└── " if last else "├── "),
+                              indent + ("    " if last else "│   ")))  # fmt: skip
     return out
+
+
+def draw(tasks: dict[str, Task], escape: Callable[[str], str] = str) -> str:
+    """The tree as text, a task a line: id and description, assignee, status (and the
+    time it finished). ``escape`` makes the free text safe for the terminal."""
+    rows = [(escape(f"{prefix}{task.id}  {task.description}"), task)
+            for prefix, task in tree_lines(tasks)]  # fmt: skip
+    heads = max((len(head) for head, _ in rows), default=0)
+    names = max((len(task.assignee) for _, task in rows), default=0)
+    lines = []
+    for head, task in rows:
+        finished = f"  {task.updated[11:16]}" if task.status in FINISHED else ""
+        if task.status == "pending" and task.held_until:
+            finished = f"  held until {task.held_until[11:16]} UTC"
+        lines.append(f"{head:<{heads}}  {task.assignee:<{names}}  {task.status}{finished}\n")
+    return "".join(lines)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = {"send", "writers", "read", "wakeup", "ask", "cli", "fanout"}
+SECTIONS = {"send", "writers", "read", "wakeup", "ask", "conversation", "cli", "fanout"}
 TARGETS = {
     "send_vs_peer",
     "send_vs_raw",
@@ -30,11 +30,20 @@ TARGETS = {
     "poll_vs_raw",
     "poll_backlog",
     "ask_vs_pipe",
+    "ask_p50",
+    "ask_p99",
+    "ask_vs_agent_mail",
+    "history_buried",
+    "tasks_tree",
     "cli_send",
     "cli_read",
     "cli_wait",
     "cli_tail",
     "cli_status",
+    "cli_ask",
+    "cli_reply",
+    "cli_history",
+    "cli_task_done",
     "cli_send_nosite",
 }
 #: Statuses that are not a failure: an optional peer missing, or no ralph-mail script
@@ -84,8 +93,26 @@ def test_every_case_has_a_figure_or_says_why_not(report: dict[str, Any]) -> None
 def test_ralph_mail_itself_was_measured(report: dict[str, Any]) -> None:
     """The core's own rows ran (the bench did not quietly skip ralph_mail)."""
     rows = {r["key"]: r for s in report["sections"].values() for r in s["rows"]}
-    for key in ("ralph_send", "ralph_send_durable", "poll_100", "backlog_1000", "ralph"):
+    for key in ("ralph_send", "ralph_send_durable", "poll_100", "backlog_1000", "ralph",
+                "ask_roundtrip", "history_big", "bus_tasks"):  # fmt: skip
         assert rows[key]["status"] == "ok", (key, rows[key]["status"])
+
+
+def test_the_mcp_agent_mail_peer_says_how_to_get_it(report: dict[str, Any]) -> None:
+    """Without --peer-venv the MCP Agent Mail rows say "not installed" and how to fix it."""
+    rows = {r["key"]: r for r in report["sections"]["ask"]["rows"]}
+    for key in ("agent_mail_roundtrip", "agent_mail_send"):
+        assert rows[key]["status"].startswith("not installed: pass --peer-venv PATH")
+
+
+def test_a_peer_venv_without_the_peer_is_refused_in_one_line(tmp_path: Path) -> None:
+    """--make-peer-venv without --peer-venv: exit 2, one line naming the fix."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--only", "ask", "--make-peer-venv"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr == "--make-peer-venv needs --peer-venv PATH: where to make it\n"
 
 
 def test_writers_left_exactly_every_message(report: dict[str, Any]) -> None:

@@ -168,3 +168,31 @@ def test_delegating_to_an_offline_agent_exits_4(team: Team) -> None:
     done = ralph(team.home, "delegate", "worker-2", "anyone?", *LEAD)
     assert done.returncode == 4 and b"offline" in done.stderr
     assert ralph(team.home, "tasks", "--json", *LEAD).stdout == b""
+
+
+def test_the_lead_reports_an_overdue_ack_and_refuses_a_bad_ack_overdue(team: Team) -> None:
+    """ralph-mail lead --ack-overdue 0 prints an ack_overdue line for a send --ack nobody
+    acknowledged; --ack-overdue -1 is refused in one line, exit 2."""
+    sent = ralph(team.home, "send", "worker-1", "confirm the deadline", "--ack", *LEAD)
+    assert sent.returncode == 0, sent.stderr
+    message_id = sent.stdout.decode().strip()
+    done = ralph(team.home, "lead", "--ack-overdue", "0", "--timeout", "1.5", "--team", "demo")
+    assert done.returncode == 0, done.stderr
+    line = f"worker-1 ack_overdue {message_id} not acknowledged after 0 s: confirm the deadline"
+    assert line in done.stdout.decode()
+    bad = ralph(team.home, "lead", "--ack-overdue", "-1", "--team", "demo")
+    assert bad.returncode == 2 and bad.stderr.decode().count("\n") == 1
+    assert b"--ack-overdue -1" in bad.stderr
+
+
+def test_delegating_to_a_sleeping_agent_says_the_task_is_held(team: Team) -> None:
+    """delegate to a sleeping agent: exit 0, the task id on stdout, one note on stderr
+    saying until when it is held; tasks shows it held."""
+    MessageBus("demo", "worker-1").set_presence("sleeping", until="+10m")
+    done = ralph(team.home, "delegate", "worker-1", "draft it", "--id", "T-5", *LEAD)
+    assert done.returncode == 0 and done.stdout == b"T-5\n"
+    note = done.stderr.decode()
+    assert note.startswith("ralph-mail: note: worker-1 is sleeping: the task is held until ")
+    assert note.count("\n") == 1
+    tree = ralph(team.home, "tasks", *LEAD).stdout.decode()
+    assert "T-5  draft it  worker-1  pending  held until " in tree

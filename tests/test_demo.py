@@ -43,6 +43,28 @@ def test_demo_runs_the_whole_story_and_exits_0(tmp_path: Path, children: Childre
     assert out.endswith("demo done: every task approved and finished, every worker shut down")
 
 
+def test_demo_shows_an_ask_and_a_delegation_coming_back(tmp_path: Path, children: Children) -> None:
+    """demo: worker-2 asks worker-1 and reports the reply; worker-3 delegates T-3.1 to
+    worker-1 and reports its result; the lead sees task_completed; the tree is drawn."""
+    demo = start_demo(children, tmp_path, "--delay", "0")
+    assert demo.finish(timeout=BOUND_S) == 0, demo.stderr_text()
+    out = demo.output
+    assert (
+        "worker-2 status working T-2 25% asked worker-1 'how many log lines could not be "
+        "parsed?': 3 of 2,000: truncated lines at the rotation boundary"
+    ) in out
+    assert "worker-3 status working T-3 25% delegated T-3.1 to worker-1" in out
+    assert "worker-1 status done T-3.1 100% 1,204 orders" in out
+    assert "T-3.1 came back from worker-1: 1,204 orders" in out
+    assert out.index("delegated T-3.1") < out.index("came back from worker-1")
+    for task in ("T-1", "T-2", "T-3"):
+        assert f"task_completed {task}: {task} finished" in out
+    tree = out[out.index("the team's task tree") :].splitlines()
+    assert tree[1].startswith("T-1  parse the web server logs")
+    assert tree[4].startswith("└── T-3.1  count the orders in the database dump")
+    assert all(line.split()[-2] == "completed" for line in tree[1:5])
+
+
 def test_demo_leaves_no_process_and_no_files(tmp_path: Path, children: Children) -> None:
     """After the demo, no process of its session is left and its temporary home is gone."""
     demo = start_demo(children, tmp_path, "--delay", "0")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from protocol_helpers import BOUND_S
 
-from ralph_mail import AgentOffline, InvalidMessage, MessageBus, MessageType, Team
+from ralph_mail import AgentOffline, Event, InvalidMessage, MessageBus, MessageType, Team
 from ralph_mail.tasks import tree_lines
 
 
@@ -161,3 +162,120 @@ def test_the_leads_assign_is_in_the_tree_and_its_finish_comes_back_as_an_event(
         assert [t.status for t in orch.bus.tasks()] == ["completed"]
     finished = [e for e in events if e.kind == EventKind.TASK_COMPLETED]
     assert [(e.agent, e.text) for e in finished] == [("worker-1", "T-1: parsed 1,204 files")]
+
+
+def test_the_lead_reports_an_unacknowledged_message_once_as_ack_overdue(team: Team) -> None:
+    """The lead's loop reports a message it sent with ack=True and nobody acknowledged
+    after ack_overdue seconds as one ack_overdue event; an acknowledged one never."""
+    from ralph_mail import EventKind, TeamOrchestrator
+
+    events: list[Event] = []
+    with TeamOrchestrator("demo", on_event=events.append, ack_overdue=0) as orch:
+        late = orch.bus.send("worker-1", "text", "confirm the deadline\nplease", ack=True)
+        answered = orch.bus.send("worker-2", "text", "confirm the budget", ack=True)
+        with MessageBus("demo", "worker-2") as worker:
+            worker.ack(worker.poll()[0])
+
+        def overdue() -> list[Event]:
+            return [e for e in events if e.kind == EventKind.ACK_OVERDUE]
+
+        assert orch.run(until=lambda o: bool(overdue()), timeout=BOUND_S)
+        orch.run(timeout=0.05)  # another turn of the loop reports nothing new
+    assert [(e.agent, e.message) for e in overdue()] == [("worker-1", late)]
+    assert overdue()[0].text == f"{late.id} not acknowledged after 0 s: confirm the deadline"
+    assert answered.id not in {e.message.id for e in overdue() if e.message}
+
+
+def test_the_leads_ack_overdue_is_checked(team: Team) -> None:
+    """ack_overdue must be a number of seconds >= 0 (or None): refused before anything."""
+    from ralph_mail import TeamOrchestrator
+
+    for bad in (-1, float("nan"), float("inf"), "5"):
+        with pytest.raises(InvalidMessage, match="invalid ack_overdue"):
+            TeamOrchestrator("demo", ack_overdue=bad)  # type: ignore[arg-type]
+
+
+def test_a_team_agent_answers_requests_with_its_answer_function(team: Team) -> None:
+    """TeamAgent(answer=...) replies to each request; without it they wait in questions."""
+    import threading
+
+    from ralph_mail import TeamAgent
+
+    asked: list[str] = []
+    with TeamAgent("demo", "worker-1", answer=lambda r: f"yes: {r.content}") as agent:
+        asker = MessageBus("demo", "lead")
+        thread = threading.Thread(target=lambda: asked.append(asker.ask("worker-1", "ok?").content))
+        thread.start()
+        while thread.is_alive():
+            agent.wait_for_messages(timeout=0.1)
+        thread.join()
+        asker.close()
+    assert asked == ["yes: ok?"]
+    with TeamAgent("demo", "worker-2") as agent:
+        request = MessageBus("demo", "lead").send("worker-2", "request", "when?")
+        agent.process_pending_messages()
+        assert [q.id for q in agent.questions] == [request.id]
+
+
+def test_the_tree_draws_deep_chains_and_parents_that_name_each_other() -> None:
+    """tasks.draw: a chain 5,000 deep is drawn (no recursion limit); two tasks whose
+    parents name each other are still shown; columns line up."""
+    from ralph_mail.tasks import Task, draw
+
+    def task(id: str, parent: str | None) -> Task:
+        ts = "2026-11-23T10:00:00.000000Z"
+        return Task(id, f"do {id}", "lead", "worker-1", parent, "normal", "pending", "", ts, ts,
+                    "0" * 12)  # fmt: skip
+
+    chain = {f"t{i}": task(f"t{i}", f"t{i - 1}" if i else None) for i in range(5000)}
+    lines = draw(chain).splitlines()
+    assert len(lines) == 5000 and lines[1].startswith("└── t1  do t1")
+    cycle = {"a": task("a", "b"), "b": task("b", "a")}
+    lines = draw(cycle).splitlines()
+    assert [line.split()[0] for line in lines] == ["a", "└──"]
+    assert lines[0].index("worker-1") == lines[1].index("worker-1")
+
+
+def test_a_task_for_a_sleeping_agent_is_held_until_it_wakes(team: Team) -> None:
+    """delegate to a sleeping agent records the task (held_until set) and sends nothing;
+    the agent's next read once it is awake delivers the assignment, once."""
+    worker = MessageBus("demo", "worker-1")
+    worker.set_presence("sleeping", until="+10m")
+    worker.close()
+    lead = MessageBus("demo", "lead")
+    before = lead.store.size("worker-1")
+    task = lead.delegate("worker-1", "draft the post", id="T-9")
+    assert task.held_until and lead.tasks()[0].held_until == task.held_until
+    assert lead.store.size("worker-1") == before  # held, not delivered
+    with MessageBus("demo", "worker-1") as asleep:
+        assert asleep.poll() == []  # still sleeping: still held
+        asleep.set_presence("working")
+    with MessageBus("demo", "worker-1") as awake:  # a fresh process: its first read
+        got = awake.poll()
+        assert [(m.type, m.metadata["taskId"], m.from_agent) for m in got] == [
+            ("task_assignment", "T-9", "lead")
+        ]
+        assert got[0].id == task.assignment
+    with MessageBus("demo", "worker-1") as again:
+        assert again.poll() == []  # released once
+    awake_then = MessageBus("demo", "worker-1")
+    awake_then.complete("T-9", "drafted")
+    assert [m.content for m in lead.poll() if m.type == "task_result"] == ["drafted"]
+    awake_then.close()
+    lead.close()
+
+
+def test_a_held_task_is_delivered_when_the_sleep_ends(team: Team) -> None:
+    """A process of the sleeping agent that waits gets the held assignment once the
+    until of its sleep has passed, without anyone setting its presence."""
+    from datetime import UTC, datetime, timedelta
+
+    worker = MessageBus("demo", "worker-1")
+    worker.set_presence("sleeping", until=datetime.now(UTC) + timedelta(seconds=0.5))
+    lead = MessageBus("demo", "lead")
+    lead.delegate("worker-1", "draft the post", id="T-10")
+    got = worker.wait_for_message("task_assignment", timeout=BOUND_S)
+    assert got is not None and got.metadata["taskId"] == "T-10"
+    assert got.ts >= lead.tasks()[0].held_until
+    worker.close()
+    lead.close()

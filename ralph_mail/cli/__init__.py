@@ -34,12 +34,13 @@ EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 
 
-def error_line(text: str) -> None:
-    """Print one error line on stderr (nothing when stderr is closed)."""
+def error_line(text: str, kind: str = "error") -> None:
+    """Print one error line (or, with ``kind="note"``, a note) on stderr; nothing when
+    stderr is closed."""
     if sys.stderr is None:
         return
     try:
-        sys.stderr.write(f"ralph-mail: error: {text}\n")
+        sys.stderr.write(f"ralph-mail: {kind}: {text}\n")
         sys.stderr.flush()
     except OSError:
         pass

@@ -50,6 +50,15 @@ def ask(
         float, Option("--timeout", help="Give up after S seconds (exit 1).", metavar="S")
     ] = 120.0,
     priority: Priority = None,
+    request_id: Annotated[
+        str | None,
+        Option(
+            "--id",
+            help="Name the request (12 hex): run again with the same id, the command prints "
+            "the reply without asking again.",
+            metavar="ID",
+        ),
+    ] = None,
     home: Home = None,
     team: TeamName = None,
     agent: Agent = None,
@@ -61,6 +70,7 @@ def ask(
     \b
     Example:
       ralph-mail ask analyst 'What was Q4 revenue?' --context 'investor update' --timeout 60
+      ralph-mail ask analyst 'Q4 revenue?' --id 0123456789ab   # again: the same reply
     """
 
     def action() -> int:
@@ -71,7 +81,8 @@ def ask(
         body = read_body(question, settings.max_message_bytes())
         bus = identity(home, team, agent).bus()
         try:
-            answer = bus.ask(to, body, context=context, timeout=timeout, priority=priority)
+            answer = bus.ask(to, body, context=context, timeout=timeout, priority=priority,
+                             id=request_id)  # fmt: skip
         except NoReply as exc:
             error_line(str(exc))
             return EXIT_NOTHING
@@ -293,6 +304,9 @@ def delegate(
             task = bus.delegate(
                 to, body, context=context, priority=priority, parent=parent, id=task_id
             )
+            if task.held_until:
+                error_line(f"{to} is sleeping: the task is held until {task.held_until}, "
+                           "then delivered", "note")  # fmt: skip
             if wait is None:
                 say(task.id + "\n")
                 return 0
@@ -389,7 +403,7 @@ def tasks_tree(
     """
 
     def action() -> None:
-        from ralph_mail.tasks import LOG, fold, tree_lines
+        from ralph_mail.tasks import LOG, draw, fold
         from ralph_mail.team import load_team
 
         roster = load_team(identity(home, team, agent).need_team(), home)
@@ -399,12 +413,7 @@ def tasks_tree(
 
             print_json_lines([task.to_dict() for task in ordered(known)])
             return
-        lines = []
-        for prefix, task in tree_lines(known):
-            finished = f"  {task.updated[11:16]}" if task.status in ("completed", "failed") else ""
-            head = safe(f"{prefix}{task.id}  {task.description}", newlines=False)
-            lines.append(f"{head:<40} {task.assignee:<12} {task.status}{finished}\n")
-        say("".join(lines))
+        say(draw(known, lambda text: safe(text, newlines=False)))
 
     command(action)
 

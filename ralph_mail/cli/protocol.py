@@ -234,12 +234,12 @@ def _orchestrator(
     team: str | None,
     review: PlanReviewer | None = None,
     on_event: Callable[[Event], None] | None = None,
+    ack_overdue: float | None = settings.ACK_OVERDUE_S,
 ) -> TeamOrchestrator:
     from ralph_mail.orchestrator import TeamOrchestrator
 
-    return TeamOrchestrator(
-        identity(home, team, None).need_team(), home, review_plan=review, on_event=on_event
-    )
+    return TeamOrchestrator(identity(home, team, None).need_team(), home, review_plan=review,
+                            on_event=on_event, ack_overdue=ack_overdue)  # fmt: skip
 
 
 @app.command("assign")
@@ -601,11 +601,21 @@ def lead(
         float | None,
         Option("--timeout", help="Stop after S seconds (exit 1 if not done).", metavar="S"),
     ] = None,
+    ack_overdue: Annotated[
+        float,
+        Option(
+            "--ack-overdue",
+            help="Report a message the lead sent with --ack and nobody acknowledged after S "
+            "seconds as an ack_overdue event.",
+            metavar="S",
+        ),
+    ] = settings.ACK_OVERDUE_S,
     home: Home = None,
     team: TeamName = None,
     json: JsonRecords = False,
 ) -> None:
-    """Run the team's lead: handle status updates, review plans, answer shutdowns.
+    """Run the team's lead: handle status updates, review plans, answer shutdowns,
+    report task results and overdue acknowledgements.
 
     On a terminal it shows a live table of the agents; in a pipe it prints one line per
     event (with --json, one JSON object). Ctrl-C or SIGTERM stops it cleanly (exit 0).
@@ -619,9 +629,10 @@ def lead(
         for value, option in ((review_timeout, "--review-timeout"), (timeout, "--timeout")):
             _seconds(value, option)
         _seconds(shutdown_timeout, "--shutdown-timeout")
+        _seconds(ack_overdue, "--ack-overdue")
         display = _Display(is_terminal(), json)
         policy = _review_policy(review, review_timeout, display)
-        with _orchestrator(home, team, policy, display.event) as orch:
+        with _orchestrator(home, team, policy, display.event, ack_overdue) as orch:
             display.orch = orch
             previous = signal.signal(signal.SIGTERM, _interrupt)
             try:
