@@ -183,6 +183,16 @@ def targets(secs: Sections) -> list[Target]:
         "{r:.1f}x the raw write's cost",
     )
     add_ratio(
+        "send_policy",
+        "send under a 100-rule policy and a rate limit vs send with none",
+        row(send, "ralph_send_policy"),
+        ralph_send,
+        "≤ 1.25x",
+        lambda f, a: a.stat.median / f.stat.median,
+        lambda r: r <= 1.25,
+        "{r:.2f}x the cost",
+    )
+    add_ratio(
         "durable_vs_fsync",
         "durable send vs raw write + fsync",
         row(send, "ralph_send_durable"),

@@ -72,13 +72,26 @@ def raw_write(ws: Workspace, n: int, sync: bool) -> float:
         os.close(fd)
 
 
-def ralph_send(ws: Workspace, n: int, durable: bool) -> float:
-    """ralph_mail's ``bus.send`` in a loop, the way an agent sends."""
+#: The governed send: a policy of this many rules (none about the pair that talks), and a
+#: rate limit high enough never to refuse during the run.
+POLICY_RULES = 100
+POLICY_RATE = 100_000
+
+
+def ralph_send(ws: Workspace, n: int, durable: bool, governed: bool = False) -> float:
+    """ralph_mail's ``bus.send`` in a loop, the way an agent sends (``governed``: under a
+    100-rule policy and a rate limit, which every send checks)."""
     rm = ralph()
     assert not isinstance(rm, str)
     home = ws.fresh("send")
     rm.create_team("bench", ["sender", "reader"], home=home)
     bus = rm.MessageBus("bench", "sender", home=home, durable=durable)
+    if governed:
+        from ralph_mail.policy import Policy, Rule
+
+        rules = tuple(Rule(f"a{i}", f"b{i}", "deny" if i % 2 else "allow")
+                      for i in range(POLICY_RULES))  # fmt: skip
+        bus.store.save_state("policy", Policy(rules, {"*": POLICY_RATE}).to_json())
     text = rm.MessageType.TEXT
     try:
         for _ in range(WARMUP):
@@ -201,6 +214,13 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
         "ralph_mail send",
         lambda: ralph_send(ws, sizes.send_n, False),
         "raw_write",
+        ralph_status,
+    )
+    add(
+        "ralph_send_policy",
+        f"ralph_mail send, {POLICY_RULES}-rule policy + rate limit",
+        lambda: ralph_send(ws, min(sizes.send_n, POLICY_RATE // 2), False, governed=True),
+        "ralph_send",
         ralph_status,
     )
     add(

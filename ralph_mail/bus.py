@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import threading
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from itertools import accumulate, repeat
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -26,6 +27,8 @@ from ralph_mail.errors import (
     LoopGuard,
     MailError,
     NoReply,
+    PermissionDenied,
+    RateLimited,
     UnknownAgent,
 )
 from ralph_mail.message import (
@@ -46,13 +49,15 @@ from ralph_mail.message import (
     from_envelope,
     new_id,
 )
+from ralph_mail.policy import Decision, Policy
 from ralph_mail.settings import WATCH_SAFETY_POLL_S
 from ralph_mail.store.base import Cursor, TeamStore, Waiter
-from ralph_mail.team import Team, load_team, parse_roster
+from ralph_mail.team import Member, Team, load_team, parse_roster
 
 if TYPE_CHECKING:
     from datetime import datetime
 
+    from ralph_mail.approvals import Held
     from ralph_mail.presence import AgentInfo
     from ralph_mail.store.watch import StopEvent
     from ralph_mail.tasks import Task
@@ -85,6 +90,9 @@ class MessageBus:
         max_message_bytes: the largest encoded line accepted (default 1 MiB).
         backend: where the team is kept (default ``$RALPH_BACKEND``, else files under
             ``home``; ``memory://NAME`` keeps it in this process).
+        default_rate: messages per minute this agent may start when the team's policy
+            sets no rate for it (None: no limit; ``ralph-mail run`` and the MCP server
+            pass 10, where LLM storms start).
     """
 
     def __init__(
@@ -96,6 +104,7 @@ class MessageBus:
         durable: bool | None = None,
         max_message_bytes: int | None = None,
         backend: str | None = None,
+        default_rate: int | None = None,
     ) -> None:
         self.agent = check_name(agent, "agent name")
         self._team = load_team(team, home, backend=backend)
@@ -116,6 +125,17 @@ class MessageBus:
         self._ask_local = threading.local()  # each asking thread's waiter
         self._ask_waiters: list[Waiter] = []
         self._touched = -_TOUCH_EVERY_S  # when this bus last noted its agent as active
+        self._policy: tuple[tuple[int, ...] | None, Policy | str] = (None, _NO_POLICY)
+        # What the policy decided for (recipient, check), for this policy and roster.
+        self._decisions: dict[tuple[str, str], Decision] = {}
+        self._decisions_team: Team | None = None
+        self._myself: tuple[Team, Member] | None = None
+        self._rate_key = f"rate.{self.agent}"
+        if default_rate is not None:
+            from ralph_mail.policy import check_rate
+
+            check_rate(default_rate)
+        self.default_rate = default_rate
         #: The agents the request this process handles passed through (``RALPH_CHAIN``):
         #: a request this bus sends carries it on, plus me.
         try:
@@ -187,7 +207,7 @@ class MessageBus:
             >>> bus.send("lead", MessageType.TEXT, "retry me", id="9f1c2e3d4b5a")  # doctest: +SKIP
         """
         return self._send(to, type, content, metadata, reply_to, id, thread, priority, ack,
-                          visibility)  # fmt: skip
+                          visibility, check=_check_of(type))  # fmt: skip
 
     def _send(
         self,
@@ -202,13 +222,193 @@ class MessageBus:
         ack: bool = False,
         visibility: str | None = None,
         chain: tuple[str, ...] = (),
+        *,
+        check: str = "none",
     ) -> Message:
+        """Write one message. ``check`` says what the team's policy decides of it:
+        "contact" (rules, modes, rate: what an agent starts), "reply" (the strict mode
+        only), "none" (acks, results, protocol messages). A message the policy holds
+        for approval is returned undelivered, with no ``ts``."""
         recipient = self._recipient(to)
         envelope = self._envelope(recipient, type, content, metadata, reply_to, id)
         _extend(envelope, thread, priority, ack, visibility, chain)
         if "thread" in envelope:
             self._loop_guard(str(envelope["thread"]), visibility)
+        if check != "none":
+            reason = self._govern([recipient], check)
+            if reason:
+                return self._hold(envelope, reason)
         return self._deliver(envelope)
+
+    # -- governance -----------------------------------------------------------------------
+
+    def policy(self) -> Policy:
+        """The team's policy now (read again only when it changed).
+
+        A policy that cannot be read or parsed raises `PermissionDenied` naming it: it
+        fails closed.
+        """
+        version = self._store.state_version(_POLICY_KEY)
+        cached_version, cached = self._policy
+        if version != cached_version or (version is None and cached is not _NO_POLICY):
+            cached = _NO_POLICY if version is None else self._read_policy()
+            self._policy = (version, cached)
+            self._decisions.clear()
+        if isinstance(cached, str):
+            raise PermissionDenied(cached)
+        return cached
+
+    def _read_policy(self) -> Policy | str:
+        from ralph_mail import policy
+
+        where = self._store.state_where(_POLICY_KEY)
+        try:
+            raw = self._store.load_state(_POLICY_KEY) or b"{}"
+            return policy.parse(raw)
+        except MailError as exc:
+            return (
+                f"the team's policy {where} is broken ({exc}): fix it or remove it; until "
+                "then no agent may start contact"
+            )
+
+    def _govern(self, recipients: list[str], check: str) -> str:
+        """Apply the policy to a message from me to ``recipients``: raise
+        `PermissionDenied` or `RateLimited`, or return why it is held ("" to deliver)."""
+        policy = self.policy()
+        if policy is _NO_POLICY and self.default_rate is None and self._me().mode == "autonomous":
+            return ""  # no rule, no rate, no mode: nothing to decide
+        if self._decisions_team is not self._team:  # the roster changed: modes, managers
+            self._decisions.clear()
+            self._decisions_team = self._team
+        held = ""
+        for recipient in recipients:
+            decision = self._decisions.get((recipient, check))
+            if decision is None:
+                decision = policy.decide(self._team, self.agent, recipient,
+                                         reply=check == "reply")  # fmt: skip
+                self._decisions[recipient, check] = decision
+            if decision.verdict == "deny":
+                raise PermissionDenied(
+                    f"{decision.reason}: ask the team's lead to change the policy "
+                    "('ralph-mail policy show')"
+                )
+            if decision.verdict == "hold" and not held:
+                held = decision.reason
+        rate = policy.rate_of(self.agent) or self.default_rate
+        if check == "contact" and rate is not None:
+            wait = self._store.take(self._rate_key, rate, _RATE_WINDOW_S)
+            if wait > 0:
+                raise RateLimited(
+                    f"{self.agent} started {rate} messages in the last minute, its limit: "
+                    f"retry in {max(wait, 0.1):.1f} s"
+                )
+        return held
+
+    def _me(self) -> Member:
+        """My roster entry (looked up once per roster)."""
+        if self._myself is None or self._myself[0] is not self._team:
+            self._myself = (self._team, self._team.member(self.agent))
+        return self._myself[1]
+
+    def _hold(self, envelope: dict[str, object], reason: str) -> Message:
+        """Keep a message for approval, and ask my approver (my manager, else the lead)."""
+        from ralph_mail import approvals
+
+        approver = self._team.member(self.agent).manager or self._team.lead
+        record = approvals.held(envelope, approver, reason, format_ts(time.time_ns() // 1000))
+        self._store.log_append(approvals.LOG, record)
+        message = from_envelope(envelope)
+        first = message.content.partition("\n")[0]
+        self._send(approver, MessageType.APPROVAL_REQUEST,
+                   f"{self.agent} wants to send {message.to_agent} a {message.type}: {first}",
+                   {"held": message.id, "from": self.agent, "to": message.to_agent,
+                    "type": str(message.type), "reason": reason}, None, None)  # fmt: skip
+        return message
+
+    def approvals(self) -> list[Held]:
+        """The messages held for my approval and not decided yet, oldest first."""
+        from ralph_mail import approvals
+
+        return [h for h in approvals.fold(self._store.log_read(approvals.LOG)).values()
+                if h.approver == self.agent and h.decision is None]  # fmt: skip
+
+    def approval_of(self, message_id: str) -> Held | None:
+        """What became of a message held for approval (`Held.decision` None: waiting),
+        or None when it was never held."""
+        from ralph_mail import approvals
+
+        found = approvals.fold(self._store.log_read(approvals.LOG))
+        return found.get(check_id(message_id, "message id"))
+
+    def approve(self, message_id: str) -> Held:
+        """Deliver a message held for my approval, unchanged (same id), and tell its
+        sender. Run again after a crash, it delivers it only if it is not there yet."""
+        return self._decide(message_id, True, "")
+
+    def deny(self, message_id: str, reason: str = "") -> Held:
+        """Refuse a message held for my approval: it is never delivered; its sender is
+        told (an ``approval_response`` with ``metadata.approved=false``)."""
+        return self._decide(message_id, False, reason)
+
+    def _decide(self, message_id: str, approved: bool, reason: str) -> Held:
+        from ralph_mail import approvals
+
+        if not isinstance(reason, str):
+            raise InvalidMessage(f"reason must be a string, not {reason.__class__.__name__}")
+        held = self.approval_of(message_id)
+        if held is None or held.approver != self.agent:
+            raise MailError(
+                f"no message {message_id!r} waits for {self.agent}'s approval: see "
+                "'ralph-mail approvals'"
+            )
+        if held.decision is None:
+            target = str(held.envelope["to"])
+            since = 0 if target == BROADCAST_ADDRESS else self._store.size(target)
+            self._store.log_append(approvals.LOG, approvals.decided(
+                message_id, approved, self.agent, reason, since))  # fmt: skip
+            held = approvals.fold(self._store.log_read(approvals.LOG))[message_id]
+        elif held.decision != approved:
+            raise InvalidMessage(
+                f"message {message_id} is already {'approved' if held.decision else 'denied'}"
+            )
+        if not held.done:
+            if held.decision and not self._was_delivered(held):
+                self._release(held)
+            verdict = {"approved": "true" if held.decision else "false"}
+            if held.reason_given:
+                verdict["reason"] = held.reason_given
+            self._send(held.sender, MessageType.APPROVAL_RESPONSE,
+                       f"{'approved' if held.decision else 'denied'} by {self.agent}"
+                       + (f": {held.reason_given}" if held.reason_given else ""),
+                       verdict, message_id, None)  # fmt: skip
+            self._store.log_append(approvals.LOG, approvals.done(message_id))
+            held = approvals.fold(self._store.log_read(approvals.LOG))[message_id]
+        return held
+
+    def _was_delivered(self, held: Held) -> bool:
+        target = str(held.envelope["to"])
+        if target == BROADCAST_ADDRESS:
+            return False  # a broadcast's inboxes are checked one by one in _release
+        return self._delivered(target, held.id, held.since)
+
+    def _release(self, held: Held) -> None:
+        envelope = dict(held.envelope)
+        if envelope["to"] != BROADCAST_ADDRESS:
+            self._deliver(envelope)
+            return
+        head, tail = encode_parts(envelope, self.max_message_bytes)
+        for member in self.refresh_team().names:
+            if member != held.sender and not self._delivered(member, held.id, held.since):
+                self._store.append(member, head, tail)
+
+    def wait_for_decision(self, message_id: str, since: int, timeout: float) -> bool | None:
+        """Wait up to ``timeout`` seconds for the decision on my message held for
+        approval: True approved (and delivered), False denied, None not decided yet.
+        ``since``: where my inbox ended before sending it."""
+        answer = self._await_reply(message_id, since, timeout, MessageType.APPROVAL_RESPONSE)
+        if answer is None:
+            return None
+        return answer.metadata.get("approved") == "true"
 
     def _deliver(self, envelope: dict[str, object]) -> Message:
         """Append a checked envelope to its recipient's inbox, and index it."""
@@ -333,6 +533,7 @@ class MessageBus:
         priority: str | None = None,
         parent: str | None = None,
         id: str | None = None,
+        visibility: str | None = None,
     ) -> Task:
         """Give ``to`` a task: record it in the team's task tree and send it a
         ``task_assignment``; return at once. Its outcome comes back as a ``task_result``.
@@ -351,7 +552,8 @@ class MessageBus:
         if assignee == self.agent:
             raise InvalidMessage(f"{to!r} is delegating to itself: name a teammate")
         until = self._require_online(assignee)
-        return self._give(assignee, description, context, priority, parent, id, hold=until)[0]
+        return self._give(assignee, description, context, priority, parent, id, hold=until,
+                          visibility=visibility)[0]  # fmt: skip
 
     def _give(
         self,
@@ -364,6 +566,7 @@ class MessageBus:
         *,
         strict: bool = True,
         hold: str = "",
+        visibility: str | None = None,
     ) -> tuple[Task, Message]:
         """Record (unless known) and send a task; ``strict=False`` (the lead's assign)
         lets an existing id be given out again with other words, as a new assignment.
@@ -375,7 +578,7 @@ class MessageBus:
             check_priority(priority)
         if parent is not None:
             protocol.check_task_id(parent)
-        known, _ = tasks.fold(self._store.log_read(tasks.LOG))
+        known, _ = tasks.load(self._store)
         task = known.get(task_id)
         if task is not None and (task.assignee, task.description) != (assignee, description):
             if strict:
@@ -396,12 +599,17 @@ class MessageBus:
             metadata["context"] = context
         if not hold:
             sent = self._send(assignee, MessageType.TASK_ASSIGNMENT, description, metadata,
-                              None, task.assignment, priority=priority)  # fmt: skip
+                              None, task.assignment, priority=priority, visibility=visibility,
+                              check="contact" if strict else "none")  # fmt: skip
             return task, sent
         envelope = self._envelope(assignee, MessageType.TASK_ASSIGNMENT, description, metadata,
                                   None, task.assignment)  # fmt: skip
-        _extend(envelope, None, priority, False, None)
+        _extend(envelope, None, priority, False, visibility)
         encode_parts(envelope, self.max_message_bytes)  # refuses what could never be sent
+        if strict:
+            reason = self._govern([assignee], "contact")
+            if reason:  # held for approval: once approved, it is delivered at once
+                return task, self._hold(envelope, reason)
         record = {"held": envelope, "until": hold, "since": self._store.size(assignee)}
         self._store.log_append(f"{_HELD}{assignee}", orjson.dumps(record) + b"\n")
         return task, from_envelope(envelope)
@@ -461,14 +669,14 @@ class MessageBus:
         """The team's tasks, parents first, each followed by its subtasks."""
         from ralph_mail import tasks
 
-        return tasks.ordered(tasks.fold(self._store.log_read(tasks.LOG))[0])
+        return tasks.ordered(tasks.load(self._store)[0])
 
     def _finish(self, task_id: str, status: str, result: str) -> Task:
         from ralph_mail import protocol, tasks
 
         if not isinstance(result, str):
             raise InvalidMessage(f"result must be a string, not {result.__class__.__name__}")
-        known, since = tasks.fold(self._store.log_read(tasks.LOG))
+        known, since = tasks.load(self._store)
         task = known.get(protocol.check_task_id(task_id))
         if task is None:
             raise MailError(
@@ -483,7 +691,7 @@ class MessageBus:
         if status == "active":
             if task.status == "pending":
                 self._store.log_append(tasks.LOG, tasks.changed(task_id, "active", now))
-            return tasks.fold(self._store.log_read(tasks.LOG))[0][task_id]
+            return tasks.load(self._store)[0][task_id]
         if task.status in tasks.FINISHED and task.status != status:
             raise InvalidMessage(f"task {task_id} is already {task.status}: it cannot be {status}")
         if task.status not in tasks.FINISHED:
@@ -493,7 +701,7 @@ class MessageBus:
             self._store.log_append(
                 tasks.LOG, tasks.changed(task_id, status, now, result, since[task_id])
             )
-            task = tasks.fold(self._store.log_read(tasks.LOG))[0][task_id]
+            task = tasks.load(self._store)[0][task_id]
         if not task.notified:
             result_id = protocol.derived_id(task.assignment, "result")
             if not self._delivered(task.delegated_by, result_id, since.get(task_id, 0)):
@@ -501,7 +709,7 @@ class MessageBus:
                            {protocol.TASK_ID: task_id, "status": task.status},
                            task.assignment, result_id, task.assignment)  # fmt: skip
             self._store.log_append(tasks.LOG, tasks.notified(task_id))
-            task = tasks.fold(self._store.log_read(tasks.LOG))[0][task_id]
+            task = tasks.load(self._store)[0][task_id]
         return task
 
     def _delivered(
@@ -553,7 +761,8 @@ class MessageBus:
                 if mine and earlier.type == MessageType.REPLY:
                     return earlier
         return self._send(message.from_agent, MessageType.REPLY, content, metadata,
-                          message.id, None, message.thread, priority, ack, visibility)  # fmt: skip
+                          message.id, None, message.thread, priority, ack, visibility,
+                          check="reply")  # fmt: skip
 
     def ask(
         self,
@@ -565,6 +774,7 @@ class MessageBus:
         priority: str | None = None,
         metadata: Mapping[str, str] | None = None,
         id: str | None = None,
+        visibility: str | None = None,
     ) -> Message:
         """Send ``to`` a ``request`` and block until its ``reply`` arrives; return the reply.
 
@@ -602,8 +812,33 @@ class MessageBus:
             extra["context"] = context
         start = self._store.size(self.agent)
         request = self._send(to, MessageType.REQUEST, question, extra, None, id,
-                             priority=priority, chain=chain)  # fmt: skip
+                             priority=priority, visibility=visibility, chain=chain,
+                             check="contact")  # fmt: skip
+        if not request.ts:  # held for approval: the same timeout covers the decision
+            deadline = time.monotonic() + timeout
+            with self._awaiting_approval():
+                decided = self.wait_for_decision(request.id, start, timeout)
+            if decided is None:
+                raise NoReply(
+                    f"no decision on asking {to} within {timeout:g} s: it waits for approval "
+                    "('ralph-mail approvals' on the approver's side)"
+                )
+            if not decided:
+                raise PermissionDenied(f"asking {to} was denied by the approver")
+            timeout = max(0.0, deadline - time.monotonic())
         return self._answer_of(request.id, to, start, timeout)
+
+    @contextlib.contextmanager
+    def _awaiting_approval(self) -> Iterator[None]:
+        """Presence ``awaiting_approval`` while a held message waits; then as it was."""
+        before = self._store.load_presence(self.agent)
+        self.set_presence("awaiting_approval")
+        try:
+            yield
+        finally:
+            with contextlib.suppress(MailError):
+                if before is not None:
+                    self._store.save_presence(self.agent, before)
 
     def _answer_of(self, request_id: str, to: str, start: int, timeout: float) -> Message:
         answer = self._await_reply(request_id, start, timeout)
@@ -765,6 +1000,11 @@ class MessageBus:
         envelope = self._envelope(BROADCAST_ADDRESS, type, content, metadata, None, id)
         _extend(envelope, None, priority, ack, visibility)
         head, tail = encode_parts(envelope, self.max_message_bytes)
+        if _check_of(type) != "none":
+            others = [name for name in self.refresh_team().names if name != self.agent]
+            reason = self._govern(others, _check_of(type))
+            if reason:
+                return self._hold(envelope, reason)
         self._touch()
         delivered: list[str] = []
         failed: list[str] = []
@@ -1074,6 +1314,25 @@ class MessageBus:
 
 #: How often one bus notes its agent as active (s); see ralph_mail.presence.
 _TOUCH_EVERY_S = 1.0
+_POLICY_KEY = "policy"
+_NO_POLICY = Policy()  # no policy saved: everything is allowed
+_RATE_WINDOW_S = 60.0
+#: Message types the policy never refuses nor holds: answers and the team protocols.
+_EXEMPT = frozenset({
+    MessageType.STATUS_UPDATE, MessageType.PLAN_SUBMISSION, MessageType.PLAN_APPROVAL,
+    MessageType.SHUTDOWN_REQUEST, MessageType.SHUTDOWN_RESPONSE, MessageType.TASK_ASSIGNMENT,
+    MessageType.TASK_RESULT, MessageType.ACK, MessageType.APPROVAL_REQUEST,
+    MessageType.APPROVAL_RESPONSE,
+})  # fmt: skip
+
+
+def _check_of(type: MessageType | str) -> str:
+    """What the policy checks of a message of ``type`` sent with `MessageBus.send`."""
+    if type == MessageType.REPLY:
+        return "reply"
+    return "none" if type in _EXEMPT else "contact"
+
+
 #: The team log of the assignments held for a sleeping agent: ``held.AGENT``.
 _HELD = "held."
 

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Final
 
@@ -161,10 +162,10 @@ def run_demo(home: str | os.PathLike[str] | None = None, delay: float = 0.6) -> 
 
 
 def _tree(home: Path, team: str) -> str:
-    from ralph_mail.tasks import LOG, draw, fold
+    from ralph_mail.tasks import draw, load
     from ralph_mail.team import load_team
 
-    return draw(fold(load_team(team, home).store.log_read(LOG))[0])
+    return draw(load(load_team(team, home).store)[0])
 
 
 class _Stopped(Exception):
@@ -241,16 +242,28 @@ def _talk(agent: TeamAgent) -> tuple[int, Task] | None:
     and returns it with where its inbox ended before (to wait for the result)."""
     if agent.name == "worker-2":
         to, question = QUESTION
+        _until_online(agent, to)
         reply = agent.bus.ask(to, question, timeout=DEMO_TIMEOUT_S)
         agent.report_status(f"asked {to} {question!r}: {reply.content}")
     elif agent.name == "worker-3":
         to, task_id, description = SUBTASK
+        _until_online(agent, to)
         since = agent.bus.store.size(agent.name)
         delegated = agent.bus.delegate(to, description, id=task_id, parent=agent.task.id
                                        if agent.task else None)  # fmt: skip
         agent.report_status(f"delegated {task_id} to {to}: {description}")
         return since, delegated
     return None
+
+
+def _until_online(agent: TeamAgent, teammate: str) -> None:
+    """Handle the inbox until ``teammate`` is online (it may still be starting): an ask
+    or a delegation to an agent that is offline is refused."""
+    deadline = time.monotonic() + DEMO_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if any(a.name == teammate and a.presence != "offline" for a in agent.bus.agents()):
+            return
+        agent.wait_for_messages(timeout=0.05)
 
 
 def main(argv: list[str]) -> int:

@@ -13,14 +13,23 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
+from ralph_mail.errors import MailError
+
+if TYPE_CHECKING:
+    from ralph_mail.store.base import TeamStore
+
+#: The state key of the snapshot `load` keeps, and how many new events make it save one.
+SNAPSHOT_KEY: Final = "tasks.fold"
+SNAPSHOT_EVERY: Final = 1000
 #: The team log the task events go to.
-LOG = "tasks"
+LOG: Final = "tasks"
 STATUSES = ("pending", "active", "completed", "failed")
 FINISHED = frozenset({"completed", "failed"})
 
@@ -101,32 +110,95 @@ def notified(task_id: str) -> bytes:
 def fold(log: bytes) -> tuple[dict[str, Task], dict[str, int]]:
     """The tasks the log describes, in the order they were created, and for each finished
     one the ``since`` offset its outcome recorded. Lines that do not parse are skipped."""
-    tasks: dict[str, Task] = {}
+    state: dict[str, dict[str, Any]] = {}
     since: dict[str, int] = {}
-    for line in log.splitlines():
+    _apply(state, since, log)
+    return _build(state), since
+
+
+def load(store: TeamStore) -> tuple[dict[str, Task], dict[str, int]]:
+    """`fold` of the team's task log, from a snapshot of an earlier fold when there is
+    one: the cost follows the tasks and the events since, not every event ever written.
+
+    The snapshot (state ``tasks.fold``) is derived: it records how far into the log it
+    folded and the bytes just before that point, and is ignored when the log no longer
+    holds them (a team made again); it is saved again once enough new events came.
+    """
+    log = store.log_read(LOG)
+    state: dict[str, dict[str, Any]] = {}
+    since: dict[str, int] = {}
+    start = 0
+    raw = store.load_state(SNAPSHOT_KEY)
+    if raw:
         try:
-            event = orjson.loads(line)
+            snapshot = orjson.loads(raw)
+            offset = int(snapshot["offset"])
+            if (
+                0 < offset <= len(log)
+                and log[max(0, offset - 64) : offset].hex() == snapshot["mark"]
+            ):
+                state, since, start = snapshot["tasks"], snapshot["since"], offset
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            state, since, start = {}, {}, 0
+    events = _apply(state, since, log[start:])
+    if events >= SNAPSHOT_EVERY:
+        snapshot = {"offset": len(log), "mark": log[max(0, len(log) - 64) :].hex(),
+                    "tasks": state, "since": since}  # fmt: skip
+        with contextlib.suppress(MailError):  # a cache: a failure only costs the next fold
+            store.save_state(SNAPSHOT_KEY, orjson.dumps(snapshot))
+    return _build(state), since
+
+
+def _apply(state: dict[str, dict[str, Any]], since: dict[str, int], log: bytes) -> int:
+    """Fold the events of ``log`` into ``state`` (a dict of fields per task) and
+    ``since``; return how many lines it read. Events change plain dicts, and each `Task`
+    is built once at the end: ``dataclasses.replace`` per event made a 100,000-event log
+    take 0.8 s."""
+    loads = orjson.loads
+    lines = log.splitlines()
+    for line in lines:
+        try:
+            event = loads(line)
             kind, task_id = event["e"], event["id"]
             if kind == "created":
-                tasks[task_id] = Task(
-                    task_id, event["description"], event["delegated_by"], event["assignee"],
-                    event.get("parent"), event.get("priority", "normal"), "pending", "",
-                    event["created"], event["created"], event.get("assignment", ""),
-                    held_until=str(event.get("held_until", "")),
-                )  # fmt: skip
-            elif task_id in tasks and kind == "status":
-                old = tasks[task_id]
-                if old.status in FINISHED:
+                state[task_id] = {
+                    "id": task_id, "description": event["description"],
+                    "delegated_by": event["delegated_by"], "assignee": event["assignee"],
+                    "parent": event.get("parent"), "priority": event.get("priority", "normal"),
+                    "status": "pending", "result": "", "created": event["created"],
+                    "updated": event["created"], "assignment": event.get("assignment", ""),
+                    "notified": False, "held_until": str(event.get("held_until", "")),
+                }  # fmt: skip
+                continue
+            task = state.get(task_id)
+            if task is None:
+                continue
+            if kind == "status":
+                if task["status"] in FINISHED:
                     continue  # the first outcome stands
-                tasks[task_id] = replace(old, status=event["status"], updated=event["ts"],
-                                         result=event.get("result", old.result))  # fmt: skip
+                status, ts = event["status"], event["ts"]
+                if not isinstance(status, str) or not isinstance(ts, str):
+                    continue
+                task["status"], task["updated"] = status, ts
+                if "result" in event:
+                    task["result"] = str(event["result"])
                 if "since" in event:
                     since[task_id] = int(event["since"])
-            elif task_id in tasks and kind == "notified":
-                tasks[task_id] = replace(tasks[task_id], notified=True)
+            elif kind == "notified":
+                task["notified"] = True
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             continue
-    return tasks, since
+    return len(lines)
+
+
+def _build(state: dict[str, dict[str, Any]]) -> dict[str, Task]:
+    tasks: dict[str, Task] = {}
+    for task_id, fields in state.items():
+        try:
+            tasks[task_id] = Task(**fields)
+        except TypeError:
+            continue
+    return tasks
 
 
 def ordered(tasks: dict[str, Task]) -> list[Task]:

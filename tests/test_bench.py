@@ -21,6 +21,7 @@ SECTIONS = {"send", "writers", "read", "wakeup", "ask", "conversation", "cli", "
 TARGETS = {
     "send_vs_peer",
     "send_vs_raw",
+    "send_policy",
     "durable_vs_fsync",
     "writers_rate",
     "writers_p99",

@@ -263,3 +263,55 @@ def test_eight_processes_asking_one_replier_each_get_their_own_replies(
     requests = [m for m in messages(home, "many", "oracle") if m["type"] == "request"]
     assert len(requests) == len({r["id"] for r in requests}) == 8 * count
     record(messages=2 * 8 * count)
+
+
+#: Approves a held message, killing itself with SIGKILL right after one step: "decided"
+#: (the decision is in the log), "delivered" (the message is in the inbox), or "" (none).
+APPROVER = """
+import os, signal, sys
+from ralph_mail import MessageBus
+team, me, message_id, step = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+bus = MessageBus(team, me)
+store, deliver = bus.store, bus._deliver
+
+def log_append(name, record):
+    store.__class__.log_append(store, name, record)
+    if step == "decided" and b'"decided"' in record:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+def delivering(envelope):
+    sent = deliver(envelope)
+    if step == "delivered":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return sent
+
+store.log_append, bus._deliver = log_append, delivering
+bus.approve(message_id)
+print("done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("step", ["decided", "delivered"])
+def test_an_approver_killed_while_approving_delivers_once_when_run_again(
+    team: Team, procs: Processes, home: Path, step: str
+) -> None:
+    """kill -9 of the approver right after recording its decision, or right after
+    delivering; approve run again: the message is delivered exactly once, unchanged, and
+    the sender is told once."""
+    from ralph_mail.policy import Policy, Rule
+
+    with MessageBus("demo", "lead") as lead:
+        rule = Rule("worker-1", "worker-2", "allow", True)
+        lead.store.save_state("policy", Policy((rule,)).to_json())
+    with MessageBus("demo", "worker-1") as worker:
+        held = worker.send("worker-2", "text", "review this")
+    assert not held.ts
+    killed = procs.python(APPROVER, "demo", "lead", held.id, step, env=cli_env(home))
+    assert killed.wait(timeout=BOUND_S) == -signal.SIGKILL, killed.stderr
+    again = procs.python(APPROVER, "demo", "lead", held.id, "", env=cli_env(home))
+    out, err = again.communicate(timeout=BOUND_S)
+    assert again.returncode == 0 and out == b"done\n", err
+    delivered = of_type(home, "worker-2", "text")
+    assert [(m["id"], m["content"]) for m in delivered] == [(held.id, "review this")]
+    assert len(of_type(home, "worker-1", "approval_response")) == 1
+    record(messages=2, kills=1)

@@ -4,6 +4,7 @@ agents, presence, and the roster's edits (team set, team config)."""
 from __future__ import annotations
 
 import sys
+import time
 from typing import Annotated
 
 from ralph_mail import settings
@@ -12,7 +13,7 @@ from ralph_mail.cli.app import Agent, Home, Json, JsonRecords, TeamName, app, co
 from ralph_mail.cli.command import Argument, Group, Option
 from ralph_mail.cli.mail import Priority, Visibility, team_app
 from ralph_mail.cli.render import deliver, print_json_lines, print_table, safe
-from ralph_mail.cli.send import Identity, read_body
+from ralph_mail.cli.send import Identity, held_exit, read_body
 from ralph_mail.errors import MailError
 from ralph_mail.message import Message, encode
 
@@ -59,6 +60,7 @@ def ask(
             metavar="ID",
         ),
     ] = None,
+    visibility: Visibility = None,
     home: Home = None,
     team: TeamName = None,
     agent: Agent = None,
@@ -82,7 +84,7 @@ def ask(
         bus = identity(home, team, agent).bus()
         try:
             answer = bus.ask(to, body, context=context, timeout=timeout, priority=priority,
-                             id=request_id)  # fmt: skip
+                             id=request_id, visibility=visibility)  # fmt: skip
         except NoReply as exc:
             error_line(str(exc))
             return EXIT_NOTHING
@@ -282,6 +284,7 @@ def delegate(
         float | None,
         Option("--wait", help="Wait up to S seconds for the result.", metavar="S"),
     ] = None,
+    visibility: Visibility = None,
     home: Home = None,
     team: TeamName = None,
     agent: Agent = None,
@@ -295,22 +298,30 @@ def delegate(
     """
 
     def action() -> int:
-        if wait is not None and wait < 0:
-            raise MailError(f"invalid --wait {wait}: give a number of seconds >= 0")
+        left = wait
+        if left is not None and not left >= 0:
+            raise MailError(f"invalid --wait {left}: give a number of seconds >= 0")
         body = read_body(description, settings.max_message_bytes())
         bus = identity(home, team, agent).bus()
         try:
             since = bus.store.size(bus.agent)
-            task = bus.delegate(
-                to, body, context=context, priority=priority, parent=parent, id=task_id
-            )
+            task = bus.delegate(to, body, context=context, priority=priority, parent=parent,
+                                id=task_id, visibility=visibility)  # fmt: skip
+            held = bus.approval_of(task.assignment)
+            if held is not None and held.decision is None:
+                start = time.monotonic()
+                code = held_exit(bus, task.assignment, since, left, f"task {task.id}")
+                if code:
+                    return code
+                if left is not None:
+                    left = max(0.0, left - (time.monotonic() - start))
             if task.held_until:
                 error_line(f"{to} is sleeping: the task is held until {task.held_until}, "
                            "then delivered", "note")  # fmt: skip
-            if wait is None:
+            if left is None:
                 say(task.id + "\n")
                 return 0
-            result = bus.wait_for_result(task, wait, since)
+            result = bus.wait_for_result(task, left, since)
         finally:
             bus.close()
         if result is None:
@@ -403,11 +414,11 @@ def tasks_tree(
     """
 
     def action() -> None:
-        from ralph_mail.tasks import LOG, draw, fold
+        from ralph_mail.tasks import draw, load
         from ralph_mail.team import load_team
 
         roster = load_team(identity(home, team, agent).need_team(), home)
-        known, _ = fold(roster.store.log_read(LOG))
+        known, _ = load(roster.store)
         if json:
             from ralph_mail.tasks import ordered
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from dataclasses import replace
+from typing import TYPE_CHECKING, Annotated
 
 from ralph_mail import settings
 from ralph_mail.cli import EXIT_NO, EXIT_NOTHING, error_line, say
@@ -12,6 +13,10 @@ from ralph_mail.cli.command import Argument, Group, Option, confirm
 from ralph_mail.cli.render import deliver, print_json_lines, print_messages, print_table
 from ralph_mail.cli.send import SendRequest, parse_meta, read_body
 from ralph_mail.errors import MailError
+
+if TYPE_CHECKING:
+    from ralph_mail.history import History
+    from ralph_mail.message import Message
 from ralph_mail.message import encode
 
 team_app = Group(
@@ -25,6 +30,15 @@ app.add_group(team_app, "team")
 Priority = Annotated[
     str | None,
     Option("--priority", help="low, normal, high or urgent [default: normal].", metavar="P"),
+]
+ApprovalWait = Annotated[
+    float | None,
+    Option(
+        "--wait",
+        help="Held for approval: wait up to S seconds for the decision (0 approved, 3 "
+        "denied, 1 none).",
+        metavar="S",
+    ),
 ]
 Visibility = Annotated[
     str | None,
@@ -200,12 +214,17 @@ def send(
     thread: Annotated[
         str | None, Option("--thread", help="The thread it belongs to (its first id).")
     ] = None,
+    wait: ApprovalWait = None,
     home: Home = None,
     team: TeamName = None,
     agent: Agent = None,
     json: Json = False,
 ) -> None:
     """Send a message; prints its id (or the envelope with --json).
+
+    A message the team's policy holds for approval is not delivered yet: a note on
+    stderr names the approver, and the exit code is 0 (with --wait S: 0 approved and
+    delivered, 3 denied, 1 no decision in time).
 
     \b
     Example:
@@ -215,7 +234,7 @@ def send(
     """
     request = SendRequest(
         to, content, type, list(meta or []), reply_to, id, json, identity(home, team, agent),
-        priority, ack, visibility, thread,
+        priority, ack, visibility, thread, wait,
     )  # fmt: skip
     command(request.run)
 
@@ -226,27 +245,36 @@ def broadcast(
         str | None, Argument(help="The body; '-' or omitted with a pipe: standard input.")
     ] = None,
     meta: Meta = None,
+    priority: Priority = None,
+    visibility: Visibility = None,
+    wait: ApprovalWait = None,
     home: Home = None,
     team: TeamName = None,
     agent: Agent = None,
     json: Json = False,
 ) -> None:
-    """Send one message to every member but me; prints its id.
+    """Send one message to every member but me; prints its id (held for approval: as
+    send does).
 
     \b
     Example:
       ralph-mail broadcast 'tests are green' --team demo --agent lead
     """
 
-    def action() -> None:
+    def action() -> int:
+        from ralph_mail.cli.send import after_send, check_wait
+
+        check_wait(wait)
         metadata = parse_meta(meta or [])
         body = read_body(content, settings.max_message_bytes())
         bus = identity(home, team, agent).bus()
         try:
-            message = bus.broadcast(body, metadata)
+            since = bus.store.size(bus.agent)
+            message = bus.broadcast(body, metadata, priority=priority, visibility=visibility)
+            say(encode(message).decode() if json else message.id + "\n")
+            return after_send(bus, message, since, wait)
         finally:
             bus.close()
-        say(encode(message).decode() if json else message.id + "\n")
 
     command(action)
 
@@ -335,6 +363,14 @@ def tail(
     lines: Annotated[int, Option("-n", "--lines", help="How many messages.")] = 10,
     follow: Annotated[bool, Option("-f", "--follow", help="Then print new ones.")] = False,
     everyone: Annotated[bool, Option("--all", help="Merge every inbox of the team.")] = False,
+    visible: Annotated[
+        bool,
+        Option(
+            "--visible",
+            help="Only the user-facing timeline: user_visible messages, and user_redacted "
+            "ones as their first line.",
+        ),
+    ] = False,
     home: Home = None,
     team: TeamName = None,
     agent: Agent = None,
@@ -346,6 +382,7 @@ def tail(
     Example:
       ralph-mail tail lead -n 20 --team demo
       ralph-mail tail --all -f --team demo
+      ralph-mail tail --all --visible --team demo   # what the user sees
     """
 
     def action() -> None:
@@ -358,8 +395,9 @@ def tail(
         team_name = who.need_team()
         agents = list(load_team(team_name, home).names) if everyone else [inbox or who.need_agent()]
         view = History(team_name, agents, home)
+        show = _user_facing if visible else list
         try:
-            print_messages(view.last(lines), json)
+            print_messages(show(_last(view, lines, visible)), json)
             if follow:
                 shown_skipped = 0
                 for batch in view.follow():
@@ -370,8 +408,34 @@ def tail(
                             "collected by gc before tail could show them\n"
                         )
                         shown_skipped = skipped
-                    print_messages(batch, json)
+                    print_messages(show(batch), json)
         finally:
             view.close()
 
     command(action)
+
+
+def _last(view: History, count: int, visible: bool) -> list[Message]:
+    """The last ``count`` messages (with ``visible``: user-facing ones), reading further
+    back until there are enough or the inboxes are read whole."""
+    if not visible:
+        return view.last(count)
+    wanted = count
+    while True:
+        found = view.last(wanted)
+        shown = [m for m in found if m.visibility != "internal"]
+        if len(shown) >= count or len(found) < wanted:
+            return shown[-count:] if count > 0 else []
+        wanted *= 4
+
+
+def _user_facing(messages: list[Message]) -> list[Message]:
+    """The user_visible messages, and the user_redacted ones cut to their first line."""
+    out = []
+    for message in messages:
+        if message.visibility == "user_redacted":
+            first, _, rest = message.content.partition("\n")
+            message = replace(message, content=first + (" …" if rest else ""))
+        if message.visibility != "internal":
+            out.append(message)
+    return out

@@ -15,6 +15,7 @@ from ralph_mail.errors import InvalidMessage, MailError
 
 if TYPE_CHECKING:
     from ralph_mail.bus import MessageBus
+    from ralph_mail.message import Message
 
 
 @dataclass
@@ -103,30 +104,65 @@ class SendRequest:
     ack: bool = False
     visibility: str | None = None
     thread: str | None = None
+    wait: float | None = None
 
     def run(self) -> int:
         """Send; print the id (or the envelope with ``--json``)."""
         from ralph_mail import settings
         from ralph_mail.protocol import check_outgoing
 
+        check_wait(self.wait)
         metadata = parse_meta(self.meta)
         check_outgoing(self.type, metadata)
         body = read_body(self.content, settings.max_message_bytes())
         bus = self.identity.bus()
         try:
+            since = bus.store.size(bus.agent)
             message = bus.send(
                 self.to, self.type, body, metadata, reply_to=self.reply_to, id=self.id,
                 priority=self.priority, ack=self.ack, visibility=self.visibility,
                 thread=self.thread,
             )  # fmt: skip
+            from ralph_mail.cli import say
+
+            if self.json:
+                from ralph_mail.message import encode
+
+                say(encode(message).decode())
+            else:
+                say(message.id + "\n")
+            return after_send(bus, message, since, self.wait)
         finally:
             bus.close()
-        from ralph_mail.cli import say
 
-        if self.json:
-            from ralph_mail.message import encode
 
-            say(encode(message).decode())
-        else:
-            say(message.id + "\n")
+def check_wait(wait: float | None) -> None:
+    """``--wait S``: a number of seconds >= 0."""
+    if wait is not None and not wait >= 0:
+        raise MailError(f"invalid --wait {wait}: give a number of seconds >= 0")
+
+
+def after_send(bus: MessageBus, message: Message, since: int, wait: float | None) -> int:
+    """For a message the policy held: see `held_exit`. 0 for one delivered."""
+    return 0 if message.ts else held_exit(bus, message.id, since, wait, f"message {message.id}")
+
+
+def held_exit(bus: MessageBus, message_id: str, since: int, wait: float | None, what: str) -> int:
+    """A note naming the approver of held ``message_id`` on stderr; with ``wait``, the
+    decision: 0 approved (delivered), 3 denied, 1 none in time (0 without ``wait``)."""
+    from ralph_mail.cli import EXIT_NO, EXIT_NOTHING, error_line
+
+    held = bus.approval_of(message_id)
+    approver = held.approver if held is not None else "the approver"
+    reason = f" ({held.reason})" if held is not None and held.reason else ""
+    error_line(f"{what} is held for {approver}'s approval{reason}", "note")
+    if wait is None:
         return 0
+    decided = bus.wait_for_decision(message_id, since, wait)
+    if decided is None:
+        error_line(f"no decision on {what} within {wait:g} s")
+        return EXIT_NOTHING
+    if not decided:
+        error_line(f"{what} was denied by {approver}")
+        return EXIT_NO
+    return 0

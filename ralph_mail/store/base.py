@@ -176,6 +176,24 @@ class TeamStore(Protocol):
     def save_state(self, key: str, data: bytes) -> None:
         """Replace what is saved under ``key``, atomically and durably."""
 
+    def update_state(self, key: str, change: Callable[[bytes | None], bytes]) -> None:
+        """Replace what is saved under ``key`` with ``change(what is saved now)``, with no
+        other update of any key in between (what ``change`` raises is raised; nothing is
+        saved then)."""
+
+    def state_version(self, key: str) -> tuple[int, ...] | None:
+        """Something that changes whenever ``key`` is saved again (its size among it),
+        cheaply, or None when nothing is saved: a cache of the state checks it."""
+
+    def state_where(self, key: str) -> str:
+        """Where ``key`` is kept, for a person fixing it by hand."""
+
+    def take(self, key: str, limit: int, window: float) -> float:
+        """Count one event under ``key`` if fewer than ``limit`` were counted in the last
+        ``window`` seconds, and return 0.0; else count nothing and return how many
+        seconds until one leaves the window. Atomic across every process of the team.
+        """
+
     def close(self) -> None:
         """Release descriptors, connections and claims; the store may be used again."""
 

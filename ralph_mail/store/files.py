@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import mmap
 import os
 import re
 import struct
@@ -95,6 +96,8 @@ class FileStore:
         self._cursors: dict[str, SlotFile] = {}
         self._claimed: dict[str, tuple[int, int, str]] = {}
         self._indexes: dict[str, int] = {}
+        self._maps: dict[str, mmap.mmap] = {}  # state files shared through mmap
+        self._versions: dict[str, tuple[int, float, tuple[int, ...] | None]] = {}
         self._presence: dict[str, SlotFile] = {}
         self._generation = 0
         # A store dropped without close() still gives its descriptors back when collected.
@@ -105,6 +108,7 @@ class FileStore:
             {"cursors": self._cursors, "presence": self._presence},
             self._claimed,
             self._indexes,
+            self._maps,
             self.dirs,
         )
 
@@ -294,7 +298,8 @@ class FileStore:
         for slots in self._cursors.values():
             slots.close()
         self._cursors.clear()
-        _close_indexes(self._indexes)
+        _close_indexes(self._indexes, self._maps)
+        self._versions.clear()
         for slots in self._presence.values():
             slots.close()
         self._presence.clear()
@@ -517,6 +522,121 @@ class FileStore:
             replace_file(f"{key}.json", data, self.dirs.get("state"))
         except OSError as exc:
             raise store_error(exc, str(self.dirs.path("state", f"{key}.json")), "save") from None
+        self._control(bump=True)  # every process sees the change at its next look
+
+    def update_state(self, key: str, change: Callable[[bytes | None], bytes]) -> None:
+        """Read, change and save ``key`` under the flock of ``state/control``."""
+        self._mapped("control", 8)
+        fd = self._indexes["control"]
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            data = change(self.load_state(key))
+            check_name(key, "state key")
+            try:
+                replace_file(f"{key}.json", data, self.dirs.get("state"))
+            except OSError as exc:
+                where = str(self.dirs.path("state", f"{key}.json"))
+                raise store_error(exc, where, "save") from None
+            shared = self._maps["control"]
+            _COUNTER.pack_into(shared, 0, _COUNTER.unpack_from(shared, 0)[0] + 1)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def state_version(self, key: str) -> tuple[int, ...] | None:
+        """(inode, mtime in ns, size, mode) of the state file, or None when there is none.
+
+        A save bumps a counter in ``state/control``, shared by every process through
+        mmap: while it stays put, the answer comes from memory (0.2 µs, not a 2 µs stat
+        per send), and is checked on disk again at least once a second, so a file edited
+        by hand is noticed too.
+        """
+        cached = self._versions.get(key)
+        shared = self._maps.get("control")
+        now = time.monotonic()
+        if (
+            cached is not None
+            and shared is not None
+            and cached[0] == _COUNTER.unpack_from(shared, 0)[0]
+            and now - cached[1] < 1.0
+        ):
+            return cached[2]  # the fast path: no save since, and looked at within 1 s
+        if key not in _CHECKED:
+            _CHECKED.add(check_name(key, "state key"))
+        counter = self._control()
+        try:
+            found = os.stat(f"{key}.json", dir_fd=self.dirs.get("state"), follow_symlinks=False)
+            version: tuple[int, ...] | None = (found.st_ino, found.st_mtime_ns, found.st_size,
+                                               found.st_mode)  # fmt: skip
+        except FileNotFoundError:
+            version = None
+        except OSError as exc:
+            raise store_error(exc, str(self.dirs.path("state", f"{key}.json")), "read") from None
+        self._versions[key] = (counter, now, version)
+        return version
+
+    def _control(self, bump: bool = False) -> int:
+        """The counter of state saves in ``state/control`` (bumped with ``bump``); -1 when
+        a team made before it has none yet (a look never creates it: a save does)."""
+        if not bump and "control" not in self._maps:
+            try:
+                os.stat("control", dir_fd=self.dirs.get("state"), follow_symlinks=False)
+            except FileNotFoundError:
+                return -1
+            except OSError as exc:
+                raise store_error(exc, str(self.dirs.path("state", "control")), "read") from None
+        shared = self._mapped("control", 8)
+        if bump:
+            fd = self._indexes["control"]
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                _COUNTER.pack_into(shared, 0, _COUNTER.unpack_from(shared, 0)[0] + 1)
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        value: int = _COUNTER.unpack_from(shared, 0)[0]
+        return value
+
+    def _mapped(self, name: str, size: int) -> mmap.mmap:
+        """``state/NAME`` mapped shared, at least ``size`` bytes (kept open)."""
+        shared = self._maps.get(name)
+        if shared is not None and len(shared) >= size and self.dirs.generation == self._generation:
+            return shared
+        self._fresh()
+        try:
+            fd = self._indexes.get(name)
+            if fd is None:
+                fd = open_file(name, os.O_RDWR | os.O_CREAT, self.dirs.get("state"))
+                self._indexes[name] = fd
+            if os.fstat(fd).st_size < size:
+                os.ftruncate(fd, size)  # zeros: a counter at 0, an empty ring
+            if shared is not None:
+                shared.close()
+            shared = self._maps[name] = mmap.mmap(fd, size)
+        except OSError as exc:
+            raise store_error(exc, str(self.dirs.path("state", name)), "map") from None
+        return shared
+
+    def state_where(self, key: str) -> str:
+        return str(self.dirs.path("state", f"{check_name(key, 'state key')}.json"))
+
+    def take(self, key: str, limit: int, window: float) -> float:
+        """A ring of ``limit`` event times in ``state/KEY.rate``, the oldest at its head,
+        mapped shared and changed under an flock of that file, so concurrent processes
+        count each event once; a take costs the lock and a few bytes of memory."""
+        name = f"{key}.rate"
+        try:
+            ring = self._maps.get(name)
+            if ring is None or len(ring) < _RING_HEAD.size + 8 * limit:
+                if key not in _CHECKED:
+                    _CHECKED.add(check_name(key, "rate key"))
+                ring = self._mapped(name, _RING_HEAD.size + 8 * limit)
+            fd = self._indexes[name]
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                return _take(ring, limit, window, time.time())
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        except OSError as exc:
+            raise store_error(exc, str(self.dirs.path("state", name)), "count") from None
 
     # -- maintenance -----------------------------------------------------------------------
 
@@ -577,6 +697,7 @@ class FileStore:
             {"cursors": self._cursors, "presence": self._presence},
             self._claimed,
             self._indexes,
+            self._maps,
             self.dirs,
         )
 
@@ -653,6 +774,7 @@ def _close_all(
     slot_files: dict[str, dict[str, SlotFile]],
     claimed: dict[str, tuple[int, int, str]],
     indexes: dict[str, int],
+    maps: dict[str, mmap.mmap],
     dirs: TeamDirs,
 ) -> None:
     # Takes the parts, not the store, so that it can also run as the store's finalizer.
@@ -666,11 +788,42 @@ def _close_all(
         for slots in kept.values():
             slots.close()
         kept.clear()
-    _close_indexes(indexes)
+    _close_indexes(indexes, maps)
     dirs.close()
 
 
-def _close_indexes(indexes: dict[str, int]) -> None:
+_COUNTER = struct.Struct("<Q")
+#: State and rate keys already checked: the checks stay off the send path.
+_CHECKED: set[str] = set()
+_RING_HEAD = struct.Struct("<QQ")  # limit, head: the slot of the oldest time
+_RING_SLOT = struct.Struct("<d")
+
+
+def _take(ring: mmap.mmap, limit: int, window: float, now: float) -> float:
+    """One take on a mapped rate ring (see `FileStore.take`), under its lock."""
+    size, oldest = _RING_HEAD.unpack_from(ring, 0)
+    if size != limit:  # new, or the limit changed: keep the newest times that still fit
+        count = min(size, (len(ring) - _RING_HEAD.size) // 8)
+        times = list(struct.unpack_from(f"<{count}d", ring, _RING_HEAD.size))
+        kept = (times[oldest:] + times[:oldest])[-limit:] if count else []
+        times = [0.0] * (limit - len(kept)) + kept
+        struct.pack_into(f"<{limit}d", ring, _RING_HEAD.size, *times)
+        size, oldest = limit, 0
+    slot = _RING_HEAD.size + 8 * oldest
+    first: float = _RING_SLOT.unpack_from(ring, slot)[0]
+    if first > now - window:
+        _RING_HEAD.pack_into(ring, 0, limit, oldest)
+        return first + window - now
+    _RING_SLOT.pack_into(ring, slot, now)
+    _RING_HEAD.pack_into(ring, 0, limit, (oldest + 1) % limit)
+    return 0.0
+
+
+def _close_indexes(indexes: dict[str, int], maps: dict[str, mmap.mmap]) -> None:
+    for shared in maps.values():
+        with contextlib.suppress(BufferError, ValueError):
+            shared.close()
+    maps.clear()
     for fd in indexes.values():
         with contextlib.suppress(OSError):
             os.close(fd)

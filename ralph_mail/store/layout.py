@@ -179,6 +179,13 @@ def create_team_files(home: Path, name: str, agents: list[str], roster: bytes) -
                 os.close(mailbox)
             for sub in SUBDIRS:
                 os.close(open_dir(sub, fd, create=True))
+            state = open_dir("state", fd)
+            try:  # the counter of state saves (see FileStore.state_version), at 0
+                control = open_file("control", os.O_WRONLY | os.O_CREAT | os.O_EXCL, state)
+                os.ftruncate(control, 8)
+                os.close(control)
+            finally:
+                os.close(state)
             bases = open_dir("bases", fd)
             try:  # gc writes bases in place: their blocks exist before a disk fills
                 for agent in agents:

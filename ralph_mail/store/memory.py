@@ -52,6 +52,8 @@ class _Team:
     indexes: dict[str, list[tuple[str, int, int]]] = field(default_factory=dict)
     presence: dict[str, bytes] = field(default_factory=dict)
     logs: dict[str, bytearray] = field(default_factory=dict)
+    saves: dict[str, int] = field(default_factory=dict)
+    rates: dict[str, list[float]] = field(default_factory=dict)
 
 
 class MemoryBackend:
@@ -238,7 +240,34 @@ class MemoryStore:
     def save_state(self, key: str, data: bytes) -> None:
         check_name(key, "state key")
         with self.place.changed:
-            self._team().state[key] = bytes(data)
+            team = self._team()
+            team.state[key] = bytes(data)
+            team.saves[key] = team.saves.get(key, 0) + 1
+
+    def update_state(self, key: str, change: Callable[[bytes | None], bytes]) -> None:
+        check_name(key, "state key")
+        with self.place.changed:
+            self.save_state(key, change(self._team().state.get(key)))
+
+    def state_version(self, key: str) -> tuple[int, ...] | None:
+        check_name(key, "state key")
+        with self.place.changed:
+            team = self._team()
+            return (team.saves[key],) if key in team.state else None
+
+    def state_where(self, key: str) -> str:
+        return f"state {check_name(key, 'state key')!r} of memory team {self.team!r}"
+
+    def take(self, key: str, limit: int, window: float) -> float:
+        check_name(key, "rate key")
+        with self.place.changed:
+            times = self._team().rates.setdefault(key, [])
+            now = time.time()
+            times[:] = [t for t in times if t > now - window][-limit:]
+            if len(times) >= limit:
+                return times[0] + window - now
+            times.append(now)
+            return 0.0
 
     def close(self) -> None:
         pass

@@ -1,0 +1,259 @@
+"""Commands for the team's governance: the policy (who may contact whom, rates, depth)
+and the approvals of held messages."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Literal
+
+from ralph_mail.cli import say
+from ralph_mail.cli.app import Agent, Home, JsonRecords, TeamName, app, command, identity
+from ralph_mail.cli.command import Argument, Group, Option
+from ralph_mail.cli.render import print_json_lines, print_table, safe
+from ralph_mail.errors import MailError
+
+if TYPE_CHECKING:
+    from ralph_mail.policy import Policy
+    from ralph_mail.team import Team
+
+policy_app = Group(
+    help=(
+        "Show or change who may contact whom (rules, approvals), rates and depth.\n\n"
+        "Example:\n  ralph-mail policy deny '*' archive --team demo\n"
+        "  ralph-mail policy allow intern '*' --approval --team demo\n"
+        "  ralph-mail policy rate '*' 10 --team demo"
+    )
+)
+app.add_group(policy_app, "policy")
+
+Party = Annotated[str, Argument(help="A member, or '*' for everyone.", metavar="AGENT")]
+
+
+def _parsed(raw: bytes | None, roster: Team) -> Policy:
+    """The policy in ``raw``; a `MailError` naming the file when it is broken."""
+    from ralph_mail import policy
+
+    try:
+        return policy.parse(raw or b"{}")
+    except MailError as exc:
+        where = roster.store.state_where(policy.KEY)
+        raise MailError(
+            f"the team's policy {where} is broken ({exc}): no agent may start contact "
+            "until it is fixed or removed"
+        ) from None
+
+
+def _edit(home: str | None, team: str | None, change: Callable[[Policy], Policy]) -> None:
+    """Change the team's policy with no other change in between."""
+    from ralph_mail import policy
+    from ralph_mail.team import load_team
+
+    roster = load_team(identity(home, team, None).need_team(), home)
+    roster.store.update_state(policy.KEY, lambda raw: change(_parsed(raw, roster)).to_json())
+
+
+def _party(name: str) -> str:
+    from ralph_mail.message import check_name
+
+    return "*" if name == "*" else check_name(name, "agent name")
+
+
+@policy_app.command("show")
+def policy_show(home: Home = None, team: TeamName = None, json: JsonRecords = False) -> None:
+    """Show the team's rules and rates (--json: the policy as it is saved).
+
+    \b
+    Example:
+      ralph-mail policy show --team demo
+    """
+
+    def action() -> None:
+        from ralph_mail import policy, settings
+        from ralph_mail.team import load_team
+
+        roster = load_team(identity(home, team, None).need_team(), home)
+        current = _parsed(roster.store.load_state(policy.KEY), roster)
+        if json:
+            say(current.to_json().decode())
+            return
+        rows = [(r.sender, r.target, r.permission, "yes" if r.approval else "")
+                for r in current.rules]  # fmt: skip
+        print_table("rules (no rule: allowed)", ("from", "to", "permission", "approval"), rows)
+        rates = [(who, f"{n}/min") for who, n in sorted(current.rates.items())]
+        print_table("rates (no rate: no limit)", ("agent", "messages"), rates)
+        depth = settings.team_setting("max_depth", dict(roster.config))
+        say(f"max depth: {depth}\n")
+
+    command(action)
+
+
+def _rule(permission: Literal["allow", "deny"], sender: str, target: str, approval: bool,
+          home: str | None, team: str | None) -> None:  # fmt: skip
+    def action() -> None:
+        from ralph_mail.policy import Rule
+
+        rule = Rule(_party(sender), _party(target), permission, approval)
+        _edit(home, team, lambda current: current.with_rule(rule))
+
+    command(action)
+
+
+@policy_app.command("allow")
+def policy_allow(
+    sender: Party,
+    target: Party,
+    approval: Annotated[
+        bool, Option("--approval", help="Hold such messages for the sender's approver.")
+    ] = False,
+    home: Home = None,
+    team: TeamName = None,
+) -> None:
+    """Let FROM contact TO (replacing any rule for the same pair).
+
+    \b
+    Example:
+      ralph-mail policy allow intern '*' --approval --team demo
+    """
+    _rule("allow", sender, target, approval, home, team)
+
+
+@policy_app.command("deny")
+def policy_deny(sender: Party, target: Party, home: Home = None, team: TeamName = None) -> None:
+    """Refuse FROM's contact with TO (replacing any rule for the same pair).
+
+    \b
+    Example:
+      ralph-mail policy deny '*' archive --team demo
+    """
+    _rule("deny", sender, target, False, home, team)
+
+
+@policy_app.command("rate")
+def policy_rate(
+    sender: Party,
+    per_minute: Annotated[
+        str, Argument(help="Messages per rolling minute, or 'off'.", metavar="N")
+    ],
+    home: Home = None,
+    team: TeamName = None,
+) -> None:
+    """Limit the messages AGENT (or everyone: '*') starts per rolling minute.
+
+    \b
+    Example:
+      ralph-mail policy rate '*' 10 --team demo
+    """
+
+    def action() -> None:
+        from ralph_mail.policy import check_rate
+
+        rate = None
+        if per_minute != "off":
+            if not per_minute.isdigit():
+                raise MailError(f"invalid rate {per_minute!r}: give a whole number, or 'off'")
+            rate = check_rate(int(per_minute))
+        who = _party(sender)
+        _edit(home, team, lambda current: current.with_rate(who, rate))
+
+    command(action)
+
+
+@policy_app.command("depth")
+def policy_depth(
+    depth: Annotated[int, Argument(help="How many agents a request may pass through.")],
+    home: Home = None,
+    team: TeamName = None,
+) -> None:
+    """Set the team's max_depth (as 'team config TEAM max_depth N' does).
+
+    \b
+    Example:
+      ralph-mail policy depth 4 --team demo
+    """
+
+    def action() -> None:
+        from ralph_mail.team import update_team
+
+        update_team(identity(home, team, None).need_team(), home, config={"max_depth": str(depth)})
+
+    command(action)
+
+
+@app.command("approvals")
+def approvals(
+    home: Home = None, team: TeamName = None, agent: Agent = None, json: JsonRecords = False
+) -> None:
+    """List the messages held for my approval (--json: each held envelope, as it will be
+    delivered).
+
+    \b
+    Example:
+      ralph-mail approvals --team demo --agent lead
+    """
+
+    def action() -> None:
+        bus = identity(home, team, agent).bus()
+        try:
+            waiting = bus.approvals()
+        finally:
+            bus.close()
+        if json:
+            print_json_lines([held.to_dict() for held in waiting])
+            return
+        rows = [(h.id, h.sender, str(h.envelope["to"]), str(h.envelope["type"]),
+                 safe(str(h.envelope["content"]).partition("\n")[0][:60], newlines=False),
+                 h.reason) for h in waiting]  # fmt: skip
+        print_table("held for my approval", ("id", "from", "to", "type", "content", "why"), rows)
+
+    command(action)
+
+
+@app.command("approve")
+def approve(
+    message_id: Annotated[str, Argument(help="The held message.", metavar="ID")],
+    home: Home = None,
+    team: TeamName = None,
+    agent: Agent = None,
+) -> None:
+    """Deliver a message held for my approval, unchanged, and tell its sender.
+
+    \b
+    Example:
+      ralph-mail approve 3f2a9c1d4b5e --team demo --agent lead
+    """
+
+    def action() -> None:
+        bus = identity(home, team, agent).bus()
+        try:
+            held = bus.approve(message_id)
+        finally:
+            bus.close()
+        say(f"{held.id} approved: delivered to {held.envelope['to']}\n")
+
+    command(action)
+
+
+@app.command("deny")
+def deny(
+    message_id: Annotated[str, Argument(help="The held message.", metavar="ID")],
+    reason: Annotated[str, Option("--reason", help="Why, for the sender.", metavar="R")] = "",
+    home: Home = None,
+    team: TeamName = None,
+    agent: Agent = None,
+) -> None:
+    """Refuse a message held for my approval; its sender is told.
+
+    \b
+    Example:
+      ralph-mail deny 3f2a9c1d4b5e --reason 'ask the lead instead' --team demo --agent lead
+    """
+
+    def action() -> None:
+        bus = identity(home, team, agent).bus()
+        try:
+            held = bus.deny(message_id, reason)
+        finally:
+            bus.close()
+        say(f"{held.id} denied: {held.sender} is told\n")
+
+    command(action)

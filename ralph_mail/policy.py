@@ -1,0 +1,210 @@
+"""Who may contact whom, and how often: the team's policy (DESIGN §9.3-9.4).
+
+A policy is a list of rules ``{from, to, permission: allow|deny, approval: bool}``, where
+``from`` and ``to`` name a member or ``*``, and rates ``{agent or *: messages per minute}``.
+It is kept through the storage seam (state key ``policy``; in the file backend,
+``state/policy.json`` in the team's folder) and applies to contact an agent starts: a
+send, a broadcast, an ask, a delegation, a mention. Replies, acks, task results and the
+team protocols' messages (status, plans, assignments by the lead, shutdowns, approvals)
+are never refused nor held.
+
+The decision for ``sender`` contacting ``target`` is OpenCompany's, in this order:
+
+1. ``target`` is the sender's manager, or the sender is the target's manager: allowed,
+   no approval (the hierarchy bypasses the rules and the ``supervised`` mode);
+2. an explicit deny (a rule naming the target) → refused;
+3. an explicit allow → allowed, held for approval if its ``approval`` flag says so;
+4. a wildcard deny (``to: *``) → refused;
+5. a wildcard allow → allowed, with its approval flag;
+6. no rule → allowed.
+
+A rule applies to the sender when its ``from`` names it or is ``*``; a rule naming the
+sender wins over a ``*`` rule at the same step. On top, a sender in mode ``supervised``
+needs approval for contact, and one in mode ``strict`` for everything it sends but acks,
+task results and protocol messages (its replies too), even to its manager.
+
+A policy that cannot be read or parsed fails closed: every agent-initiated contact is
+refused (`PermissionDenied`) naming the problem, never allowed.
+
+Example:
+    >>> policy = parse(b'{"rules": [{"from": "*", "to": "archive", "permission": "deny"}]}')
+    >>> policy.rules[0].permission
+    'deny'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+import orjson
+
+from ralph_mail.errors import InvalidMessage
+from ralph_mail.message import check_name
+
+if TYPE_CHECKING:
+    from ralph_mail.team import Team
+
+#: The state key the policy is kept under.
+KEY: Final = "policy"
+#: A policy bigger than this is refused unread: it is not one a person wrote.
+MAX_BYTES: Final = 1024 * 1024
+#: The highest rate a policy may set (messages per minute); above it, set none.
+MAX_RATE: Final = 100_000
+#: The rolling window of a rate limit (s).
+RATE_WINDOW_S: Final = 60.0
+_RULE_KEYS: Final = frozenset({"from", "to", "permission", "approval"})
+_TOP_KEYS: Final = frozenset({"version", "rules", "rates"})
+
+Verdict = Literal["allow", "hold", "deny"]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One rule: may ``sender`` (a name or ``*``) contact ``target`` (a name or ``*``)."""
+
+    sender: str
+    target: str
+    permission: Literal["allow", "deny"]
+    approval: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"from": self.sender, "to": self.target, "permission": self.permission,
+                "approval": self.approval}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the policy says of one message: ``verdict`` and, unless allowed, why."""
+
+    verdict: Verdict
+    reason: str = ""
+
+
+_ALLOW: Final = Decision("allow")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A team's rules and rates. Build with `parse`; `decide` answers one contact."""
+
+    rules: tuple[Rule, ...] = ()
+    rates: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # (sender, target) -> the rules for it, so a decision costs a few dict lookups
+        # however many rules there are.
+        index: dict[tuple[str, str], list[Rule]] = {}
+        for rule in self.rules:
+            index.setdefault((rule.sender, rule.target), []).append(rule)
+        object.__setattr__(self, "_index", index)
+
+    def rate_of(self, sender: str) -> int | None:
+        """Messages per minute ``sender`` may start, or None: no limit."""
+        return self.rates.get(sender, self.rates.get("*"))
+
+    def decide(self, team: Team, sender: str, target: str, *, reply: bool = False) -> Decision:
+        """The verdict for ``sender`` contacting ``target`` (``reply``: answering it)."""
+        me = team.member(sender)
+        if me.mode == "strict":
+            return Decision("hold", f"{sender} is in strict mode: everything it sends is approved")
+        if reply or (not self.rules and me.mode == "autonomous"):
+            return _ALLOW
+        if target == me.manager or team.member(target).manager == sender:
+            return _ALLOW
+        decision = self._rules(sender, target)
+        if decision.verdict == "allow" and me.mode == "supervised":
+            return Decision("hold", f"{sender} is supervised: its contact is approved")
+        return decision
+
+    def _rules(self, sender: str, target: str) -> Decision:
+        index: dict[tuple[str, str], list[Rule]] = self._index  # type: ignore[attr-defined]
+        for to in (target, "*"):
+            kind = "explicit" if to != "*" else "wildcard"
+            mine, everyone = index.get((sender, to), []), index.get(("*", to), [])
+            for permission in ("deny", "allow"):
+                found = [r for r in mine if r.permission == permission] or [
+                    r for r in everyone if r.permission == permission
+                ]
+                if not found:
+                    continue
+                rule = found[0]
+                said = f"{kind} rule {rule.sender} -> {rule.target}: {permission}"
+                if permission == "deny":
+                    return Decision("deny", f"{sender} may not contact {target} ({said})")
+                if any(r.approval for r in found):
+                    return Decision("hold", f"{said} with approval")
+                return _ALLOW
+        return _ALLOW
+
+    def to_json(self) -> bytes:
+        """The policy as it is saved."""
+        document = {"version": 1, "rules": [rule.to_dict() for rule in self.rules],
+                    "rates": dict(sorted(self.rates.items()))}  # fmt: skip
+        return orjson.dumps(document, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
+
+    def with_rule(self, rule: Rule) -> Policy:
+        """This policy with ``rule`` in place of any rule for the same sender and target."""
+        kept = [r for r in self.rules if (r.sender, r.target) != (rule.sender, rule.target)]
+        return Policy((*kept, rule), dict(self.rates))
+
+    def with_rate(self, sender: str, per_minute: int | None) -> Policy:
+        """This policy with ``sender``'s rate set (None: removed)."""
+        rates = {k: v for k, v in self.rates.items() if k != sender}
+        if per_minute is not None:
+            rates[sender] = per_minute
+        return Policy(self.rules, rates)
+
+
+def parse(raw: bytes) -> Policy:
+    """The policy in ``raw``; `InvalidMessage` naming the first problem otherwise."""
+    if len(raw) > MAX_BYTES:
+        raise InvalidMessage(f"it is {len(raw):,} bytes, over {MAX_BYTES:,}")
+    try:
+        document = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidMessage(f"it is not JSON ({exc})") from None
+    if not isinstance(document, dict):
+        raise InvalidMessage("it is not a JSON object")
+    unknown = sorted(set(document) - _TOP_KEYS)
+    if unknown:
+        raise InvalidMessage(f"unknown key {unknown[0]!r} (known: rules, rates, version)")
+    if document.get("version", 1) != 1:
+        raise InvalidMessage(f"unknown version {document['version']!r} (this is 1)")
+    rules = document.get("rules", [])
+    if not isinstance(rules, list):
+        raise InvalidMessage("rules is not a list")
+    rates = document.get("rates", {})
+    if not isinstance(rates, dict):
+        raise InvalidMessage("rates is not an object")
+    return Policy(tuple(_rule(item, n) for n, item in enumerate(rules)),
+                  {_party(k, "rates key"): check_rate(v) for k, v in rates.items()})  # fmt: skip
+
+
+def _rule(item: object, n: int) -> Rule:
+    if not isinstance(item, dict):
+        raise InvalidMessage(f"rule {n} is not an object")
+    unknown = sorted(set(item) - _RULE_KEYS)
+    if unknown:
+        raise InvalidMessage(f"rule {n} has an unknown key {unknown[0]!r}")
+    permission = item.get("permission")
+    if permission not in ("allow", "deny"):
+        raise InvalidMessage(f"rule {n}: permission {permission!r} is not allow or deny")
+    approval = item.get("approval", False)
+    if not isinstance(approval, bool):
+        raise InvalidMessage(f"rule {n}: approval {approval!r} is not true or false")
+    return Rule(_party(item.get("from"), f"rule {n} from"), _party(item.get("to"), f"rule {n} to"),
+                permission, approval)  # fmt: skip
+
+
+def _party(value: object, what: str) -> str:
+    return "*" if value == "*" else check_name(value, what)
+
+
+def check_rate(value: object) -> int:
+    """A rate: a whole number of messages per minute, from 1 to `MAX_RATE`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_RATE:
+        raise InvalidMessage(
+            f"invalid rate {value!r}: give a whole number of messages from 1 to {MAX_RATE:,}"
+        )
+    return value
