@@ -80,15 +80,15 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
     sec = Section("ask", "Ask round trip across processes (µs)")
     rm = ralph()
     pipe = sec.add(Row("pipe_pingpong", "pipe ping-pong between two Python processes",
-                       "µs", "lower", extra={"p99": []}))  # fmt: skip
+                       "µs", "lower", extra={"p99_us": []}))  # fmt: skip
     ask = sec.add(Row("ask_roundtrip", "bus.ask -> reply from another process (p50)", "µs",
                       "lower", anchor=pipe.key, status="ok" if not isinstance(rm, str) else rm,
-                      extra={"p99": []}))  # fmt: skip
+                      extra={"p99_us": []}))  # fmt: skip
     count = sizes.wake_n
     for _ in range(sizes.wake_reps):
         times = _pipe_round_trips(count)
         pipe.values.append(percentile(times, 50))
-        pipe.extra["p99"].append(percentile(times, 99))
+        pipe.extra["p99_us"].append(percentile(times, 99))
         if isinstance(rm, str):
             continue
         home = ws.fresh("ask")
@@ -109,7 +109,7 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
                 times.append((time.perf_counter() - t0) * 1e6)
             bus.close()
             ask.values.append(percentile(times, 50))
-            ask.extra["p99"].append(percentile(times, 99))
+            ask.extra["p99_us"].append(percentile(times, 99))
         finally:
             replier.wait(timeout=60)
     _peer(sec, sizes, ws)
@@ -123,7 +123,7 @@ def _peer(sec: Section, sizes: Sizes, ws: Workspace) -> None:
     pipe = "pipe_pingpong"
     trip = sec.add(Row("agent_mail_roundtrip", "MCP Agent Mail: send -> fetch -> reply -> "
                        f"fetch, polling every {PEER_POLL_S * 1e3:g} ms (p50)", "µs", "lower",
-                       anchor=pipe, status=status, extra={"p99": []}))  # fmt: skip
+                       anchor=pipe, status=status, extra={"p99_us": []}))  # fmt: skip
     send = sec.add(Row("agent_mail_send", "MCP Agent Mail: send_message (p50)", "µs", "lower",
                        anchor=pipe, status=status))  # fmt: skip
     if isinstance(exe, str):
@@ -141,7 +141,7 @@ def _peer(sec: Section, sizes: Sizes, ws: Workspace) -> None:
     result = json.loads(done.stdout.decode().strip().splitlines()[-1])
     trips = [ms * 1e3 for ms in result["round_trip_ms"]]
     trip.values.append(percentile(trips, 50))
-    trip.extra["p99"].append(percentile(trips, 99))
+    trip.extra["p99_us"].append(percentile(trips, 99))
     send.values.append(percentile([ms * 1e3 for ms in result["send_ms"]], 50))
     versions = ", ".join(f"{k} {v}" for k, v in result["versions"].items())
     trip.note = send.note = f"{versions}; one process, in-memory MCP transport"

@@ -335,7 +335,7 @@ def targets(secs: Sections) -> list[Target]:
     trip = row(ask, "ask_roundtrip")
     for key, label, limit, extra in (
         ("ask_p50", "ask round trip p50", 1.0, None),
-        ("ask_p99", "ask round trip p99", 5.0, "p99"),
+        ("ask_p99", "ask round trip p99", 5.0, "p99_us"),
     ):
         miss = _missing(key, label, f"≤ {limit:g} ms", trip)
         if miss is not None:

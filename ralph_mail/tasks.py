@@ -194,8 +194,8 @@ def _apply(state: dict[str, dict[str, Any]], since: dict[str, int], log: bytes) 
 def _build(state: dict[str, dict[str, Any]]) -> dict[str, Task]:
     tasks: dict[str, Task] = {}
     for task_id, fields in state.items():
-        try:
-            tasks[task_id] = Task(**fields)
+        try:  # positional: the fields are kept in Task's order, and kwargs cost twice
+            tasks[task_id] = Task(*fields.values())
         except TypeError:
             continue
     return tasks
@@ -218,21 +218,37 @@ def tree_lines(tasks: dict[str, Task]) -> list[tuple[str, Task]]:
     out: list[tuple[str, Task]] = []
     seen: set[str] = set()
     # Roots first; then any task left unseen (parents that name each other) as a root.
-    for root in [*children.get(None, []), *tasks.values()]:
-        # (task, prefix drawn before it, indent its own subtasks get)
-        stack = [(root, "", "")]
-        while stack:
-            task, prefix, indent = stack.pop()
-            if task.id in seen:
-                continue
-            seen.add(task.id)
-            out.append((prefix, task))
-            kids = children.get(task.id, [])
-            for index in reversed(range(len(kids))):
-                last = index == len(kids) - 1
-                stack.append((kids[index], indent + ("└── " if last else "├── "),
-                              indent + ("    " if last else "│   ")))  # fmt: skip
+    roots = children.get(None, [])
+    for root in roots:
+        _walk(root, children, seen, out)
+    if len(seen) < len(tasks):
+        for root in tasks.values():
+            _walk(root, children, seen, out)
     return out
+
+
+def _walk(
+    root: Task,
+    children: dict[str | None, list[Task]],
+    seen: set[str],
+    out: list[tuple[str, Task]],
+) -> None:
+    """Append ``root`` and its subtasks, depth first, to ``out`` (once each)."""
+    # (task, prefix drawn before it, indent its own subtasks get)
+    stack = [(root, "", "")]
+    while stack:
+        task, prefix, indent = stack.pop()
+        if task.id in seen:
+            continue
+        seen.add(task.id)
+        out.append((prefix, task))
+        kids = children.get(task.id)
+        if not kids:
+            continue
+        last = len(kids) - 1
+        for index in range(last, -1, -1):
+            stack.append((kids[index], indent + ("└── " if index == last else "├── "),
+                          indent + ("    " if index == last else "│   ")))  # fmt: skip
 
 
 def draw(tasks: dict[str, Task], escape: Callable[[str], str] = str) -> str:

@@ -203,6 +203,7 @@ def test_a_team_agent_answers_requests_with_its_answer_function(team: Team) -> N
 
     asked: list[str] = []
     with TeamAgent("demo", "worker-1", answer=lambda r: f"yes: {r.content}") as agent:
+        agent.process_pending_messages()  # attached: online from here on
         asker = MessageBus("demo", "lead")
         thread = threading.Thread(target=lambda: asked.append(asker.ask("worker-1", "ok?").content))
         thread.start()
