@@ -23,7 +23,9 @@ from bench import peer_venv, report
 from bench.common import REPO_ROOT, SIZES, Section, Sizes, Workspace, log
 
 #: Measurement modules in the order they run; each has ``run(sizes, ws) -> Section``.
-SECTIONS = ("send", "writers", "read", "wakeup", "ask", "conversation", "cli", "fanout")
+SECTIONS = (
+    "send", "writers", "read", "wakeup", "ask", "conversation", "search", "cli", "fanout",
+)  # fmt: skip
 DEFAULT_OUT = REPO_ROOT / "bench" / "out"
 
 

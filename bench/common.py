@@ -55,7 +55,8 @@ class Sizes:
     ``tail_runs`` runs of ``tail``; ``peer_asks`` round trips of MCP Agent Mail;
     ``history_small`` and ``history_big`` the other messages a conversation is buried
     under; ``history_runs`` calls of ``history`` timed; ``tree_tasks`` and
-    ``tree_events`` the size of the task log ``tasks`` folds.
+    ``tree_events`` the size of the task log ``tasks`` folds; ``search_n`` the messages
+    searched.
     """
 
     name: str
@@ -84,6 +85,7 @@ class Sizes:
     history_runs: int
     tree_tasks: int
     tree_events: int
+    search_n: int
 
 
 SIZES: Final[dict[str, Sizes]] = {
@@ -114,6 +116,7 @@ SIZES: Final[dict[str, Sizes]] = {
         history_runs=200,
         tree_tasks=10_000,
         tree_events=100_000,
+        search_n=1_000_000,
     ),
     "quick": Sizes(
         name="quick",
@@ -142,6 +145,7 @@ SIZES: Final[dict[str, Sizes]] = {
         history_runs=50,
         tree_tasks=10_000,
         tree_events=100_000,
+        search_n=200_000,
     ),
     "smoke": Sizes(
         name="smoke",
@@ -170,6 +174,7 @@ SIZES: Final[dict[str, Sizes]] = {
         history_runs=2,
         tree_tasks=20,
         tree_events=200,
+        search_n=2_000,
     ),
 }
 

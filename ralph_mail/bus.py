@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import re
 import threading
 import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from itertools import accumulate, repeat
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -474,6 +476,54 @@ class MessageBus:
         # them out of order; the timestamps, taken under each inbox's lock, cannot.
         found.sort(key=lambda message: message.ts)
         return found
+
+    def search(
+        self,
+        query: str = "",
+        *,
+        from_agent: str | None = None,
+        to: str | None = None,
+        type: MessageType | str | None = None,
+        thread: str | None = None,
+        since: str | datetime | None = None,
+        limit: int = 20,
+    ) -> list[Message]:
+        """Every message ever sent in the team (the audit trail: inboxes, and what gc
+        archived) that has all the words of ``query`` and passes the filters, newest
+        first. ``since``: an ISO-8601 time, a datetime, or how long ago (``90s``,
+        ``15m``, ``2h``, ``7d``).
+
+        Example:
+            >>> [m.content for m in bus.search("revenue", from_agent="analyst")]  # doctest: +SKIP
+        """
+        from ralph_mail.store.search import Query
+
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidMessage(f"invalid limit {limit!r}: give a count >= 1")
+        wanted = Query(
+            query if isinstance(query, str) else _not_text(query),
+            None if from_agent is None else check_name(from_agent, "agent name"),
+            None if to in (None, BROADCAST_ADDRESS) else check_name(to, "agent name"),
+            None if type is None else str(check_type(type)),
+            None if thread is None else check_id(thread, "thread id"),
+            None if since is None else parse_since(since),
+            limit,
+        )  # fmt: skip
+        if to == BROADCAST_ADDRESS:
+            wanted = replace(wanted, recipient=BROADCAST_ADDRESS)
+        found = decode_lines(self._store.search(wanted))[0]
+        return [message for message in found if isinstance(message, Message)]
+
+    def purge_archive(self, before: str | datetime) -> dict[str, int]:
+        """Delete, for good, the archived messages of every inbox older than ``before``
+        (as ``since`` in `search`), from the audit trail and the search index; return
+        where each inbox's audit trail starts now."""
+        stamp = parse_since(before)
+        starts = {}
+        for agent in self.refresh_team().names:
+            starts[agent] = self._store.purge_archive(agent, stamp, timeout=5.0)
+            self._store.forget_archived(agent, starts[agent])
+        return starts
 
     # -- presence -------------------------------------------------------------------------
 
@@ -1324,6 +1374,38 @@ _EXEMPT = frozenset({
     MessageType.TASK_RESULT, MessageType.ACK, MessageType.APPROVAL_REQUEST,
     MessageType.APPROVAL_RESPONSE,
 })  # fmt: skip
+
+
+_AGO = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_since(value: str | datetime) -> str:
+    """A ts for ``value``: a datetime, an ISO-8601 time (UTC unless it says), or how
+    long ago (``90s``, ``15m``, ``2h``, ``7d``)."""
+    from datetime import UTC, datetime
+
+    if isinstance(value, str):
+        ago = _AGO.fullmatch(value.strip())
+        if ago:
+            seconds = float(ago.group(1)) * _SECONDS[ago.group(2)]
+            return format_ts(int((time.time() - seconds) * 1_000_000))
+        try:
+            value = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise InvalidMessage(
+                f"invalid time {value!r}: give an ISO-8601 time such as 2026-11-23T10:00 or "
+                "how long ago, such as 15m, 2h or 7d"
+            ) from None
+    if not isinstance(value, datetime):
+        raise InvalidMessage(f"invalid time {value!r}: give a datetime or a string")
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return format_ts(int(value.timestamp() * 1_000_000))
+
+
+def _not_text(value: object) -> str:
+    raise InvalidMessage(f"the query must be text, not {value.__class__.__name__}")
 
 
 def _check_of(type: MessageType | str) -> str:

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 
 from ralph_mail.message import BROADCAST_ADDRESS, Message, decode_lines
 from ralph_mail.settings import WATCH_SAFETY_POLL_S
+from ralph_mail.store.base import TeamStore
 from ralph_mail.store.watch import StopEvent
 from ralph_mail.team import load_team
 
@@ -45,6 +46,11 @@ class History:
         #: that falls behind the owner by more than one compaction skips what is gone.
         self.skipped: dict[str, int] = {}
         self._broadcasts_seen: set[str] = set()
+
+    @property
+    def store(self) -> TeamStore:
+        """The team's store (for a note on what gc archived)."""
+        return self._store
 
     def last(self, count: int) -> list[Message]:
         """The last ``count`` messages (merged over the inboxes), oldest first.

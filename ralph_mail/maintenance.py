@@ -78,6 +78,7 @@ def collect(
     *,
     timeout: float = settings.MAINTENANCE_LOCK_TIMEOUT_S,
     min_bytes: int = 1,
+    drop_before: str | None = None,
 ) -> Collection:
     """Drop the consumed messages from the front of every inbox of ``team``.
 
@@ -85,6 +86,8 @@ def collect(
     at its owner's committed cursor, so no unread message is lost and every cursor stays
     valid. Two runs on one team take turns (``gc.lock``, waited for up to ``timeout``
     seconds, then `LockTimeout`). Inboxes with fewer than ``min_bytes`` consumed are left.
+    What is dropped goes to the team's archive first, but with ``drop_before`` (a ts:
+    ``gc --purge-before``) the lines older than it are dropped for good.
 
     Example:
         >>> collect("demo", home="/tmp/mail").removed        # doctest: +SKIP
@@ -94,7 +97,9 @@ def collect(
     store = roster.store
     removed: list[Path] = []
     if not isinstance(store, FileStore):  # a backend of its own keeps its own house
-        compactions = tuple(store.compact(agent, min_bytes) for agent in roster.names)
+        compactions = tuple(
+            store.compact(agent, min_bytes, drop_before=drop_before) for agent in roster.names
+        )
         return Collection(roster.name, compactions, ())
     try:
         with store.maintenance_lock(timeout):
@@ -104,8 +109,9 @@ def collect(
                 except FileNotFoundError:
                     continue
                 removed.append(path)
+            wait = settings.GC_INBOX_LOCK_WAIT_S
             compactions = tuple(
-                store.compact(agent, min_bytes, timeout=settings.GC_INBOX_LOCK_WAIT_S)
+                store.compact(agent, min_bytes, timeout=wait, drop_before=drop_before)
                 for agent in roster.names
             )
     finally:

@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = {"send", "writers", "read", "wakeup", "ask", "conversation", "cli", "fanout"}
+SECTIONS = {
+    "send", "writers", "read", "wakeup", "ask", "conversation", "search", "cli", "fanout"
+}  # fmt: skip
 TARGETS = {
     "send_vs_peer",
     "send_vs_raw",
@@ -36,6 +38,8 @@ TARGETS = {
     "ask_vs_agent_mail",
     "history_buried",
     "tasks_tree",
+    "search_p50",
+    "search_rate",
     "cli_send",
     "cli_read",
     "cli_wait",

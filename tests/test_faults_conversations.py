@@ -315,3 +315,103 @@ def test_an_approver_killed_while_approving_delivers_once_when_run_again(
     assert [(m["id"], m["content"]) for m in delivered] == [(held.id, "review this")]
     assert len(of_type(home, "worker-1", "approval_response")) == 1
     record(messages=2, kills=1)
+
+
+#: Searches, killing itself with SIGKILL at one step: "indexing" (rows inserted, not yet
+#: committed), "archived" (gc appended to the archive, not yet renamed the inbox).
+SEARCHER = """
+import os, signal, sys
+from ralph_mail import MessageBus
+from ralph_mail.store import archive, search
+step = sys.argv[1]
+def die_after(owner, name):
+    original = getattr(owner, name)
+    def dying(self, *args):
+        original(self, *args)
+        os.kill(os.getpid(), signal.SIGKILL)
+    setattr(owner, name, dying)
+if step == "indexing":
+    die_after(search.SearchIndex, "_insert")
+if step == "archived":
+    die_after(archive.Archive, "append")
+bus = MessageBus("demo", "worker-1")
+if step == "archived":
+    bus.store.compact("worker-1")
+print(len(bus.search("", limit=100000)), flush=True)
+"""
+
+
+@pytest.mark.parametrize("step", ["indexing", "archived"])
+def test_search_is_right_after_a_kill_while_indexing_or_archiving(
+    team: Team, procs: Processes, home: Path, step: str
+) -> None:
+    """kill -9 while the search index takes a batch, or while gc archives (before the
+    inbox is replaced); then gc and search run again: every message is found once."""
+    count = 3000
+    with MessageBus("demo", "lead") as lead:
+        for n in range(count):
+            lead.send("worker-1", "text", f"message {n}")
+    with MessageBus("demo", "worker-1") as worker:
+        assert len(worker.poll()) == count  # consumed: gc may archive them
+    killed = procs.python(SEARCHER, step, env=cli_env(home))
+    assert killed.wait(timeout=BOUND_S) == -signal.SIGKILL, killed.stderr
+    with MessageBus("demo", "worker-1") as worker:
+        worker.store.compact("worker-1")
+        found = worker.search("", limit=100_000)
+        assert sorted(m.content for m in found) == sorted(f"message {n}" for n in range(count))
+        assert len({m.id for m in found}) == count
+    record(messages=count, kills=1)
+
+
+@pytest.mark.parametrize(
+    ("query", "matches"),
+    [('"', 1), ('"unbalanced', 0), ("AND OR NOT", 1), ("NEAR(a b)", 0), ("col:value", 1),
+     ("*", 1), ("((((", 1), ("value -col", 1), ("x" * 1001, None), ("a\x00b", None)],
+)  # fmt: skip
+def test_hostile_search_queries_are_plain_words_or_one_clear_error(
+    team: Team, query: str, matches: int | None
+) -> None:
+    """FTS syntax and quotes in a query are plain text: only its words count (a query
+    without a word matches everything); a NUL or an overlong query is one clear error."""
+    from ralph_mail import InvalidMessage
+
+    with MessageBus("demo", "lead") as lead:
+        lead.send("worker-1", "text", "AND OR NOT col value")
+        if matches is None:
+            with pytest.raises(InvalidMessage, match=r"NUL|characters long"):
+                lead.search(query)
+        else:
+            assert len(lead.search(query)) == matches
+    record(inputs=1)
+
+
+def test_a_sender_killed_while_waiting_for_approval_loses_nothing(
+    team: Team, procs: Processes, home: Path
+) -> None:
+    """send --wait killed -9 while its message waits for approval: the message stays
+    held; approved afterwards, it is delivered once and the sender is told."""
+    import subprocess
+    import sys
+
+    from ralph_mail.policy import Policy, Rule
+
+    with MessageBus("demo", "lead") as lead:
+        lead.store.save_state("policy", Policy((Rule("worker-1", "*", "allow", True),)).to_json())
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "ralph_mail", "send", "worker-2", "ship it?", "--wait", "60",
+         "--team", "demo", "--agent", "worker-1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(home),
+    )  # fmt: skip
+    procs.started.append(waiting)
+    assert waiting.stdout is not None
+    message_id = waiting.stdout.readline().decode().strip()
+    wait_until(lambda: of_type(home, "lead", "approval_request"), "the approval request")
+    waiting.kill()
+    waiting.wait(timeout=BOUND_S)
+    with MessageBus("demo", "lead") as lead:
+        assert [held.id for held in lead.approvals()] == [message_id]
+        lead.approve(message_id)
+    assert [m["id"] for m in of_type(home, "worker-2", "text")] == [message_id]
+    (told,) = of_type(home, "worker-1", "approval_response")
+    assert told["reply_to"] == message_id
+    record(messages=3, kills=1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import orjson
@@ -263,7 +264,12 @@ def test_an_ask_waits_for_the_decision_then_the_reply(crew: Team) -> None:
         with MessageBus("crew", "lead") as lead:
             request = lead.wait_for_message("approval_request", timeout=BOUND_S)
             assert request is not None
-            seen.extend(a.presence for a in lead.agents() if a.name == "writer")
+            deadline = time.monotonic() + BOUND_S  # the asker says so once it waits
+            while time.monotonic() < deadline and not seen:
+                presence = {a.name: a.presence for a in lead.agents()}
+                if presence["writer"] == "awaiting_approval":
+                    seen.append(presence["writer"])
+                time.sleep(0.01)
             lead.approve(request.metadata["held"])
         with MessageBus("crew", "archive") as archive:
             (question,) = archive.wait_for_messages(timeout=BOUND_S)
@@ -346,3 +352,47 @@ def test_tail_visible_is_the_user_facing_timeline(crew: Team) -> None:
     with MessageBus("crew", "archive") as archive:
         (assignment,) = [m for m in archive.poll() if m.type == "task_assignment"]
     assert assignment.id == task.assignment and assignment.visibility == "user_visible"
+
+
+def test_search_and_purge_from_the_command_line(crew: Team) -> None:
+    """search finds sent messages, archived ones too, newest first, with filters, and
+    exits 1 when nothing matches; history still shows what gc archived; gc
+    --purge-before deletes archived messages for good."""
+    with MessageBus("crew", "writer") as writer:
+        writer.send("lead", "text", "Q4 revenue was 2.4M")
+        writer.send("lead", "text", "revenue forecast for Q1")
+    with MessageBus("crew", "lead") as lead:
+        lead.poll()
+    team = ("--team", "crew")
+    gc = ralph(crew.home, "gc", *team)
+    assert gc.returncode == 0 and b"archived: 'search' finds them" in gc.stdout
+    found = ralph(crew.home, "search", "revenue", *team).stdout.decode().splitlines()
+    assert ["forecast" in line for line in found] == [True, False]
+    only = ralph(crew.home, "search", "revenue 2.4M", "--from", "writer", *team)
+    assert len(only.stdout.splitlines()) == 1
+    assert ralph(crew.home, "search", "nothing-like-this", *team).returncode == 1
+    with MessageBus("crew", "lead") as lead:
+        assert [m.content for m in lead.history("writer", 5)] == [
+            "Q4 revenue was 2.4M", "revenue forecast for Q1"
+        ]  # fmt: skip
+    purged = ralph(crew.home, "gc", "--purge-before", "0s", *team)
+    assert purged.returncode == 0, purged.stderr
+    assert ralph(crew.home, "search", "revenue", *team).returncode == 1
+    bad = ralph(crew.home, "search", "x", "--since", "last tuesday", *team)
+    assert bad.returncode == 2 and b"invalid time 'last tuesday'" in bad.stderr
+
+
+def test_tail_says_where_archived_mail_is(crew: Team) -> None:
+    """tail on an inbox gc compacted shows what is left, and says on stderr that older
+    messages are archived and how to search them."""
+    with MessageBus("crew", "writer") as writer:
+        writer.send("lead", "text", "first")
+    with MessageBus("crew", "lead") as lead:
+        lead.poll()
+    assert ralph(crew.home, "gc", "--team", "crew").returncode == 0
+    tail = ralph(crew.home, "tail", "lead", "--team", "crew")
+    assert tail.returncode == 0 and tail.stdout == b""
+    assert tail.stderr == (
+        b"ralph-mail: note: older messages of lead are archived (gc): "
+        b"ralph-mail search '' --to lead\n"
+    )

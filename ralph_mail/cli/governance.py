@@ -1,15 +1,15 @@
-"""Commands for the team's governance: the policy (who may contact whom, rates, depth)
-and the approvals of held messages."""
+"""Commands for the team's governance: the policy (who may contact whom, rates, depth),
+the approvals of held messages, and search over the audit trail."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Literal
 
-from ralph_mail.cli import say
-from ralph_mail.cli.app import Agent, Home, JsonRecords, TeamName, app, command, identity
+from ralph_mail.cli import EXIT_NOTHING, say
+from ralph_mail.cli.app import Agent, Home, Json, JsonRecords, TeamName, app, command, identity
 from ralph_mail.cli.command import Argument, Group, Option
-from ralph_mail.cli.render import print_json_lines, print_table, safe
+from ralph_mail.cli.render import print_json_lines, print_messages, print_table, safe
 from ralph_mail.errors import MailError
 
 if TYPE_CHECKING:
@@ -255,5 +255,50 @@ def deny(
         finally:
             bus.close()
         say(f"{held.id} denied: {held.sender} is told\n")
+
+    command(action)
+
+
+@app.command("search")
+def search(
+    query: Annotated[str, Argument(help="Words every message found has ('' for any).")],
+    sender: Annotated[str | None, Option("--from", help="Sent by AGENT.", metavar="A")] = None,
+    to: Annotated[
+        str | None, Option("--to", help="Sent to AGENT ('*': broadcasts).", metavar="A")
+    ] = None,
+    type: Annotated[str | None, Option("--type", "-t", help="Of this type.", metavar="T")] = None,
+    thread: Annotated[str | None, Option("--thread", help="In this thread.", metavar="ID")] = None,
+    since: Annotated[
+        str | None,
+        Option("--since", help="At or after TIME (ISO-8601, or 15m, 2h, 7d ago).", metavar="TIME"),
+    ] = None,
+    limit: Annotated[int, Option("-n", "--lines", help="At most N messages.")] = 20,
+    home: Home = None,
+    team: TeamName = None,
+    json: Json = False,
+) -> None:
+    """Search every message ever sent in the team, archived ones included; newest first.
+
+    Words match as words (no search syntax: quotes and operators are plain text).
+
+    \b
+    Example:
+      ralph-mail search 'revenue Q4' --from analyst --since 7d --team demo
+      ralph-mail search '' --thread 3f2a9c1d4b5e --json --team demo
+    """
+
+    def action() -> int:
+        from ralph_mail.bus import MessageBus
+        from ralph_mail.team import load_team
+
+        name = identity(home, team, None).need_team()
+        bus = MessageBus(name, load_team(name, home).lead, home)  # reads, consumes nothing
+        try:
+            found = bus.search(query, from_agent=sender, to=to, type=type, thread=thread,
+                               since=since, limit=limit)  # fmt: skip
+        finally:
+            bus.close()
+        print_messages(found, json)
+        return 0 if found else EXIT_NOTHING
 
     command(action)

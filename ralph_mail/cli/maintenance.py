@@ -61,18 +61,30 @@ def gc(
     everyone: Annotated[
         bool, Option("--all", help="Every team in the home, not just --team.")
     ] = False,
+    purge_before: Annotated[
+        str | None,
+        Option(
+            "--purge-before",
+            help="Also delete, for good, archived messages older than TIME (ISO-8601, or "
+            "30d ago) from the audit trail and the search index.",
+            metavar="TIME",
+        ),
+    ] = None,
     home: Home = None,
     team: TeamName = None,
     json: Json = False,
 ) -> None:
     """Drop the messages each member has consumed from the front of its inbox.
 
-    Safe while the team sends and reads: unread mail and every cursor are kept.
+    Safe while the team sends and reads: unread mail and every cursor are kept. What is
+    dropped goes to the team's archive first: search (and history) still find it, until
+    --purge-before deletes it.
 
     \b
     Example:
       ralph-mail gc --team demo
       ralph-mail gc --all --home /tmp/mail --json
+      ralph-mail gc --team demo --purge-before 90d
     """
 
     def action() -> None:
@@ -90,8 +102,23 @@ def gc(
                 raise MailError(
                     "no team given: pass --team NAME, --all, or set RALPH_TEAM"
                 ) from None
+        from ralph_mail.bus import parse_since
+
+        drop_before = None if purge_before is None else parse_since(purge_before)
         for name in names:
-            result = collect(name, home)
+            result = collect(name, home, drop_before=drop_before)
+            if drop_before is not None:  # then what was archived before, and the index
+                from ralph_mail.bus import MessageBus
+                from ralph_mail.team import load_team
+
+                bus = MessageBus(name, load_team(name, home).lead, home)
+                try:
+                    starts = bus.purge_archive(drop_before)
+                finally:
+                    bus.close()
+                if not json:
+                    for agent, start in starts.items():
+                        sys.stdout.write(f"{name}/{agent}: audit trail starts at {start}\n")
             if json:
                 print_json_lines(
                     [
@@ -111,7 +138,7 @@ def gc(
                 # What gc drops, tail can no longer show: say so in messages, not only bytes.
                 sys.stdout.write(
                     f"{result.team}/{c.agent}: removed {c.messages} consumed message(s) "
-                    f"({c.removed} bytes; 'tail' no longer shows them), kept {c.kept} bytes\n"
+                    f"({c.removed} bytes, archived: 'search' finds them), kept {c.kept} bytes\n"
                 )
             for path in result.removed_temp:
                 sys.stdout.write(f"{result.team}: removed leftover {path}\n")

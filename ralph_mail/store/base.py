@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from ralph_mail.store.search import Query
     from ralph_mail.store.watch import StopEvent
 
 
@@ -123,8 +124,25 @@ class TeamStore(Protocol):
         """The logical offset of the inbox's end."""
 
     def read_line(self, agent: str, offset: int, length: int) -> bytes | None:
-        """The line of ``length`` bytes at logical ``offset`` of ``agent``'s inbox; None
-        when it is no longer kept (gc collected it)."""
+        """The line of ``length`` bytes at logical ``offset`` of ``agent``'s inbox, or of
+        its archive once gc collected it; None when it is no longer kept (purged)."""
+
+    def read_audit(self, agent: str, offset: int) -> tuple[bytes, int]:
+        """Like `read`, over everything ever delivered to ``agent``: below the inbox's
+        start (what gc collected) the lines come from its archive. Returns
+        ``(data, start)``, ``start`` above ``offset`` when that part was purged."""
+
+    def purge_archive(self, agent: str, before: str, *, timeout: float = 0.0) -> int:
+        """Drop ``agent``'s archived lines older than ``before`` (a ts); return the
+        logical offset its audit trail starts at now."""
+
+    def search(self, query: Query) -> list[bytes]:
+        """The lines of every message ever delivered in the team (the audit trail) that
+        match ``query``, newest first; the derived index is brought up to date first."""
+
+    def forget_archived(self, agent: str, offset: int) -> None:
+        """Drop from the search index what ``agent``'s audit trail no longer holds below
+        ``offset`` (after `purge_archive`)."""
 
     def index_add(self, key: str, agent: str, offset: int, length: int) -> None:
         """Note that the line at ``offset`` (``length`` bytes) of ``agent``'s inbox belongs
@@ -153,9 +171,18 @@ class TeamStore(Protocol):
     def dead_letters(self, agent: str) -> list[dict[str, Any]]:
         """Every dead letter recorded for ``agent``'s inbox, oldest first."""
 
-    def compact(self, agent: str, min_bytes: int = 1, *, timeout: float = 0.0) -> Compaction:
-        """Drop the lines below the owner's committed floor; offsets stay valid.
-        ``timeout``: how long to wait for a sender's lock (`LockTimeout` after)."""
+    def compact(
+        self,
+        agent: str,
+        min_bytes: int = 1,
+        *,
+        timeout: float = 0.0,
+        drop_before: str | None = None,
+    ) -> Compaction:
+        """Drop the lines below the owner's committed floor; offsets stay valid. What is
+        dropped is archived first (`read_audit`), but the lines older than
+        ``drop_before`` (a ts) when nothing older is archived. ``timeout``: how long to
+        wait for a sender's lock (`LockTimeout` after)."""
 
     def collectable(self, agent: str, floor: int) -> int:
         """Bytes below ``floor`` still kept: a cheap test of whether to compact."""

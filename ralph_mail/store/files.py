@@ -18,14 +18,16 @@ import weakref
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from ralph_mail.errors import InboxBusy, LockTimeout, StoreError
 from ralph_mail.message import check_name, format_ts
+from ralph_mail.settings import FILE_MODE
+from ralph_mail.store.archive import Archive
 from ralph_mail.store.base import Compaction, Cursor
-from ralph_mail.store.inbox import InboxLog, InboxState
+from ralph_mail.store.inbox import READ_MAX_BYTES, InboxLog, InboxState
 from ralph_mail.store.layout import (
     TeamDirs,
     create_team_files,
@@ -44,6 +46,9 @@ from ralph_mail.store.posix import (
 )
 from ralph_mail.store.slots import SlotFile
 from ralph_mail.store.watch import Watcher
+
+if TYPE_CHECKING:
+    from ralph_mail.store.search import Query, SearchIndex
 
 _CURSOR = struct.Struct("<qQI")
 #: One index entry: a magic, the inbox's agent name (NUL-padded), the line's offset and
@@ -98,6 +103,7 @@ class FileStore:
         self._indexes: dict[str, int] = {}
         self._maps: dict[str, mmap.mmap] = {}  # state files shared through mmap
         self._versions: dict[str, tuple[int, float, tuple[int, ...] | None]] = {}
+        self._search: SearchIndex | None = None
         self._presence: dict[str, SlotFile] = {}
         self._generation = 0
         # A store dropped without close() still gives its descriptors back when collected.
@@ -195,10 +201,80 @@ class FileStore:
             raise store_error(exc, f"inbox {self.inbox_path(agent)}", "read") from None
 
     def read_line(self, agent: str, offset: int, length: int) -> bytes | None:
+        """The line at ``offset``, from the inbox or, once gc collected it, its archive."""
         try:
-            return self._log(agent).read_line(offset, length)
+            line = self._log(agent).read_line(offset, length)
+            if line is None:
+                line = Archive(self.dirs, agent).read_line(offset, length)
+            return line
         except OSError as exc:
             raise store_error(exc, f"inbox {self.inbox_path(agent)}", "read") from None
+
+    def read_audit(self, agent: str, offset: int) -> tuple[bytes, int]:
+        """Whole lines from logical ``offset`` of the agent's audit trail: its archive
+        below the inbox's base, the inbox above it (see `TeamStore.read_audit`)."""
+        data, start = self.read(agent, offset, skip_collected=True)
+        if start == offset:
+            return data, start
+        try:  # below the inbox's base: gc archived it
+            archived, at = Archive(self.dirs, agent).read(offset, READ_MAX_BYTES)
+        except OSError as exc:
+            raise store_error(exc, f"archive of {agent!r}", "read") from None
+        if archived and at < start:
+            return archived[: start - at] if at + len(archived) > start else archived, at
+        return data, start
+
+    def search(self, query: Query) -> list[bytes]:
+        """Through the FTS5 index ``index/search.sqlite3`` (see `ralph_mail.store.search`)."""
+        import sqlite3  # here: the command line must not pay for it on every start
+
+        try:
+            return self._search_index().search(query)
+        except sqlite3.Error as exc:
+            raise StoreError(
+                f"the search index {self.dirs.path('index', _SEARCH_DB)} failed ({exc}): "
+                "delete it, and the next search rebuilds it"
+            ) from None
+
+    def forget_archived(self, agent: str, offset: int) -> None:
+        import sqlite3
+
+        try:
+            self._search_index().forget_before(agent, offset)
+        except sqlite3.Error as exc:
+            raise StoreError(f"the search index failed ({exc}): delete it to rebuild it") from None
+
+    def _search_index(self) -> SearchIndex:
+        import sqlite3
+
+        from ralph_mail.store.search import SearchIndex
+
+        if self._search is None or self.dirs.generation != self._generation:
+            self._fresh()
+            path = self.dirs.path("index", _SEARCH_DB)
+            self.dirs.get("index")
+            if path.is_symlink():
+                raise StoreError(f"{path} is a symlink: refusing to follow it; remove it", path)
+
+            def connect() -> sqlite3.Connection:
+                db = sqlite3.connect(str(path), timeout=30.0)
+                os.chmod(path, FILE_MODE)
+                return db
+
+            self._search = SearchIndex(connect, self.read_audit, self._members)
+        return self._search
+
+    def _members(self) -> list[str]:
+        """Every inbox of the team (a former member's too), by name."""
+        names = sorted(n[:-6] for n in os.listdir(self.dirs.get("mailbox")) if n.endswith(".jsonl"))
+        return [name for name in names if _NAME_OK.fullmatch(name)]
+
+    def purge_archive(self, agent: str, before: str, *, timeout: float = 0.0) -> int:
+        """Drop ``agent``'s archived messages older than ``before`` (a ts); return where
+        its audit trail starts now (the inbox's base when nothing is archived)."""
+        check_name(agent, "agent name")
+        start = self._log(agent).purge_archive(before, timeout)
+        return start if start else self.read(agent, 0, skip_collected=True)[1]
 
     def _index_fd(self, key: str) -> int:
         if not _INDEX_KEY.fullmatch(key):
@@ -251,7 +327,14 @@ class FileStore:
         log = self._logs.get(agent)
         return log.collectable(floor) if log is not None else 0
 
-    def compact(self, agent: str, min_bytes: int = 1, *, timeout: float = 0.0) -> Compaction:
+    def compact(
+        self,
+        agent: str,
+        min_bytes: int = 1,
+        *,
+        timeout: float = 0.0,
+        drop_before: str | None = None,
+    ) -> Compaction:
         """Drop the lines ``agent`` has consumed from the front of its inbox.
 
         Cuts at the owner's committed cursor floor, so nothing unread (nor anything read out
@@ -271,7 +354,7 @@ class FileStore:
             return floor if log.follows(cursor_inode, inode) else None
 
         try:
-            return log.compact(floor_of, min_bytes, timeout, self.durable)
+            return log.compact(floor_of, min_bytes, timeout, self.durable, drop_before)
         except OSError as exc:
             raise store_error(exc, f"inbox {self.inbox_path(agent)}", "compact") from None
 
@@ -692,6 +775,9 @@ class FileStore:
     def close(self) -> None:
         """Close every kept descriptor and give up claims (those inherited through fork
         are left alone)."""
+        if self._search is not None:
+            self._search.close()
+            self._search = None
         _close_all(
             self._logs,
             {"cursors": self._cursors, "presence": self._presence},
@@ -792,6 +878,8 @@ def _close_all(
     dirs.close()
 
 
+_SEARCH_DB = "search.sqlite3"
+_NAME_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _COUNTER = struct.Struct("<Q")
 #: State and rate keys already checked: the checks stay off the send path.
 _CHECKED: set[str] = set()

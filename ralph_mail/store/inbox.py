@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from ralph_mail.errors import LockTimeout, StoreError
 from ralph_mail.message import format_ts, last_ts
 from ralph_mail.settings import TAIL_CHUNK_BYTES
+from ralph_mail.store.archive import Archive
 from ralph_mail.store.base import Compaction
 from ralph_mail.store.layout import TeamDirs
 from ralph_mail.store.posix import (
@@ -397,6 +398,18 @@ class InboxLog:
     def collectable(self, floor: int) -> int:
         return floor - self._reader.base if self._reader is not None else 0
 
+    def purge_archive(self, before: str, timeout: float) -> int:
+        """Drop archived messages older than ``before`` (under the inbox lock, which
+        compaction appends under); return where the archive starts now."""
+        fd = self._lock_bounded(timeout)
+        try:
+            return Archive(self.dirs, self.agent).purge_before(before)
+        except OSError as exc:
+            raise store_error(exc, f"archive of {self.agent!r}", "purge") from None
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
     # -- compaction ----------------------------------------------------------------------
 
     def _lock_bounded(self, timeout: float) -> int:
@@ -428,13 +441,19 @@ class InboxLog:
             os.close(fd)  # replaced by a concurrent gc while we waited: lock the new one
 
     def compact(
-        self, floor_of: Callable[[int], int | None], min_bytes: int, timeout: float, durable: bool
+        self,
+        floor_of: Callable[[int], int | None],
+        min_bytes: int,
+        timeout: float,
+        durable: bool,
+        drop_before: str | None = None,
     ) -> Compaction:
         """Drop the lines below the owner's floor (``floor_of(inode)``; None: the cursor
-        belongs to another inbox, keep everything)."""
+        belongs to another inbox, keep everything), archiving them (but those older than
+        ``drop_before``)."""
         fd = self._lock_bounded(timeout)
         try:
-            return self._compact_locked(fd, floor_of, min_bytes, durable)
+            return self._compact_locked(fd, floor_of, min_bytes, durable, drop_before)
         except OSError as exc:
             raise store_error(exc, f"inbox {self.path}", "compact", "it is unchanged") from None
         finally:
@@ -442,7 +461,12 @@ class InboxLog:
             os.close(fd)
 
     def _compact_locked(
-        self, fd: int, floor_of: Callable[[int], int | None], min_bytes: int, durable: bool
+        self,
+        fd: int,
+        floor_of: Callable[[int], int | None],
+        min_bytes: int,
+        durable: bool,
+        drop_before: str | None,
     ) -> Compaction:
         status = os.fstat(fd)
         size = status.st_size
@@ -465,6 +489,8 @@ class InboxLog:
                 f"{self.dirs.path('cursors', self.agent + '.cursor')} to re-read the inbox"
             )
         dropped = _count_lines(fd, cut)
+        # The audit trail first: what is dropped is archived (durably) before it goes.
+        Archive(self.dirs, self.agent).append(fd, base, cut, drop_before)
         tmp_dir = self.dirs.get("tmp")
         tmp = f".{self.name}.{os.getpid()}.gc"
         mailbox = self.dirs.get("mailbox", create=False)

@@ -43,6 +43,7 @@ from ralph_mail.store.slots import SlotFile
 #: The directories beside ``mailbox/``, made with the team.
 SUBDIRS = (
     "cursors", "consumers", "presence", "deadletters", "bases", "state", "index", "logs", "tmp",
+    "archive",
 )  # fmt: skip
 
 

@@ -14,12 +14,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ralph_mail.errors import StoreError
 from ralph_mail.message import check_name, format_ts
 from ralph_mail.store.base import Compaction, Cursor
 from ralph_mail.store.watch import StopEvent
+
+if TYPE_CHECKING:
+    from ralph_mail.store.search import Query, SearchIndex
 
 _places: dict[str, MemoryBackend] = {}
 _places_lock = threading.Lock()
@@ -40,6 +43,8 @@ class _Inbox:
     base: int = 0
     last_ts: str = ""
     version: int = 0
+    archive: bytearray = field(default_factory=bytearray)
+    archive_start: int = 0
 
 
 @dataclass
@@ -96,6 +101,7 @@ class MemoryStore:
         self.place = place
         self.team = team
         self.durable = durable
+        self._search: SearchIndex | None = None
 
     def _team(self) -> _Team:
         found = self.place.teams.get(self.team)
@@ -144,9 +150,55 @@ class MemoryStore:
         with self.place.changed:
             inbox = self._inbox(agent)
             if offset < inbox.base:
-                return None
+                start = offset - inbox.archive_start
+                if start < 0:
+                    return None
+                return bytes(inbox.archive[start : start + length])
             start = offset - inbox.base
             return bytes(inbox.data[start : start + length])
+
+    def read_audit(self, agent: str, offset: int) -> tuple[bytes, int]:
+        with self.place.changed:
+            inbox = self._inbox(agent)
+            if offset >= inbox.base:
+                return self.read(agent, offset)
+            offset = max(offset, inbox.archive_start)
+            data = bytes(inbox.archive[offset - inbox.archive_start :])
+            return data[: data.rfind(b"\n") + 1], offset
+
+    def search(self, query: Query) -> list[bytes]:
+        """Through an FTS5 index in this process's memory (see `ralph_mail.store.search`)."""
+        import sqlite3
+
+        from ralph_mail.store.search import SearchIndex
+
+        if self._search is None:
+            self._search = SearchIndex(lambda: sqlite3.connect(":memory:"), self.read_audit,
+                                       lambda: list(self._inboxes_now()))  # fmt: skip
+        return self._search.search(query)
+
+    def forget_archived(self, agent: str, offset: int) -> None:
+        if self._search is not None:
+            self._search.forget_before(agent, offset)
+
+    def _inboxes_now(self) -> list[str]:
+        with self.place.changed:
+            return list(self._team().inboxes)
+
+    def purge_archive(self, agent: str, before: str, *, timeout: float = 0.0) -> int:
+        from ralph_mail.message import last_ts
+
+        with self.place.changed:
+            inbox = self._inbox(agent)
+            cut = 0
+            for line in bytes(inbox.archive).splitlines(keepends=True):
+                stamp = last_ts(line)
+                if stamp is not None and stamp >= before:
+                    break
+                cut += len(line)
+            del inbox.archive[:cut]
+            inbox.archive_start += cut
+            return inbox.archive_start if inbox.archive else inbox.base
 
     def index_add(self, key: str, agent: str, offset: int, length: int) -> None:
         with self.place.changed:
@@ -203,7 +255,14 @@ class MemoryStore:
         with self.place.changed:
             return list(self._team().dead.get(agent, []))
 
-    def compact(self, agent: str, min_bytes: int = 1, *, timeout: float = 0.0) -> Compaction:
+    def compact(
+        self,
+        agent: str,
+        min_bytes: int = 1,
+        *,
+        timeout: float = 0.0,
+        drop_before: str | None = None,
+    ) -> Compaction:
         with self.place.changed:
             inbox = self._inbox(agent)
             floor = self._team().cursors.get(agent, Cursor(inbox.base)).floor
@@ -211,6 +270,16 @@ class MemoryStore:
             if cut < max(min_bytes, 1):
                 return Compaction(agent, 0, len(inbox.data), inbox.base)
             dropped = inbox.data[:cut].count(b"\n")
+            if drop_before is not None:
+                self.purge_archive(agent, drop_before)
+            skip = 0
+            if drop_before is not None and not inbox.archive:
+                from ralph_mail.store.archive import older
+
+                skip = older(bytes(inbox.data[:cut]), drop_before)
+            if not inbox.archive:
+                inbox.archive_start = inbox.base + skip
+            inbox.archive.extend(inbox.data[skip:cut])  # the audit trail keeps what gc drops
             del inbox.data[:cut]
             inbox.base = floor
             return Compaction(agent, cut, len(inbox.data), inbox.base, dropped)
@@ -270,7 +339,9 @@ class MemoryStore:
             return 0.0
 
     def close(self) -> None:
-        pass
+        if self._search is not None:
+            self._search.close()
+            self._search = None
 
 
 class _Waiter:
