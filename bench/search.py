@@ -46,7 +46,7 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
         bus.search("warmup-word-not-there")  # builds the index from nothing
         rate.values.append(n / (time.perf_counter() - t0))
         db = sqlite3.connect(str(home / "teams" / "find" / "index" / "search.sqlite3"))
-        sql = ("SELECT line FROM messages WHERE messages MATCH '\"needle\"' "
+        sql = ("SELECT inbox, offset, length FROM messages WHERE messages MATCH '\"needle\"' "
                "ORDER BY ts DESC LIMIT 20")  # fmt: skip
         for _ in range(sizes.reps):
             direct, ours = [], []

@@ -229,12 +229,14 @@ class FileStore:
         import sqlite3  # here: the command line must not pay for it on every start
 
         try:
-            return self._search_index().search(query)
+            found = self._search_index().search(query)
         except sqlite3.Error as exc:
             raise StoreError(
                 f"the search index {self.dirs.path('index', _SEARCH_DB)} failed ({exc}): "
                 "delete it, and the next search rebuilds it"
             ) from None
+        lines = (self.read_line(inbox, offset, length) for inbox, offset, length in found)
+        return [line for line in lines if line is not None]  # purged since: not shown
 
     def forget_archived(self, agent: str, offset: int) -> None:
         import sqlite3

@@ -175,7 +175,9 @@ class MemoryStore:
         if self._search is None:
             self._search = SearchIndex(lambda: sqlite3.connect(":memory:"), self.read_audit,
                                        lambda: list(self._inboxes_now()))  # fmt: skip
-        return self._search.search(query)
+        found = self._search.search(query)
+        lines = (self.read_line(inbox, offset, length) for inbox, offset, length in found)
+        return [line for line in lines if line]
 
     def forget_archived(self, agent: str, offset: int) -> None:
         if self._search is not None:

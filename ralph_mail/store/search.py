@@ -1,11 +1,13 @@
 """Full-text search over a team's audit trail: an SQLite FTS5 index derived from it.
 
-The index is never the only copy of a message: it is built from every inbox's audit
+The index never holds a copy of a message: it is built from every inbox's audit
 trail (`TeamStore.read_audit`: the inbox, and below its start what gc archived), and
 brought up to date from what is new before each query. It records, per inbox, the
 logical offset up to which it has indexed, in the same transaction as the rows, so a
 process killed while indexing leaves the index as it was before that batch, and the
 next query indexes the batch again. Deleting the index file rebuilds it from scratch.
+It keeps the words and where each message is (inbox, offset, length); the message itself
+is read back from the store.
 
 A query is words, each matched as a word (FTS5 syntax is not interpreted: quotes,
 operators and parentheses in a query are plain text), plus filters on sender,
@@ -29,7 +31,7 @@ _WORD = re.compile(r"\w+", re.UNICODE)
 _SCHEMA = """
 CREATE VIRTUAL TABLE IF NOT EXISTS messages USING fts5(
     content, sender UNINDEXED, recipient UNINDEXED, type UNINDEXED, thread UNINDEXED,
-    ts UNINDEXED, id UNINDEXED, inbox UNINDEXED, offset UNINDEXED, line UNINDEXED,
+    ts UNINDEXED, id UNINDEXED, inbox UNINDEXED, offset UNINDEXED, length UNINDEXED,
     tokenize = 'unicode61'
 );
 CREATE TABLE IF NOT EXISTS progress (inbox TEXT PRIMARY KEY, offset INTEGER NOT NULL);
@@ -136,12 +138,13 @@ class SearchIndex:
                     continue
             thread = envelope.get("thread") or message_id
             rows.append((str(content), sender, recipient, kind, thread, ts, message_id,
-                         inbox, at, line.decode("utf-8", "replace")))  # fmt: skip
+                         inbox, at, len(line)))  # fmt: skip
         db.executemany("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
         return len(rows)
 
-    def search(self, query: Query) -> list[bytes]:
-        """The lines of the messages matching ``query``, newest first."""
+    def search(self, query: Query) -> list[tuple[str, int, int]]:
+        """Where the messages matching ``query`` are (inbox, offset, length: the store
+        reads them back, so the index holds no copy of a message), newest first."""
         self.update()
         where, params = [], []
         expression = match_expression(query.words)
@@ -156,12 +159,13 @@ class SearchIndex:
         if query.since is not None:
             where.append("ts >= ?")
             params.append(query.since)
-        sql = "SELECT line FROM messages"
+        sql = "SELECT inbox, offset, length FROM messages"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY ts DESC LIMIT ?"
         params.append(str(query.limit))
-        return [row[0].encode() for row in self._conn().execute(sql, params)]
+        return [(str(inbox), int(offset), int(length))
+                for inbox, offset, length in self._conn().execute(sql, params)]  # fmt: skip
 
     def forget_before(self, inbox: str, offset: int) -> None:
         """Drop the rows of ``inbox`` below ``offset`` (its archive was purged)."""
