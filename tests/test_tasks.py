@@ -280,3 +280,31 @@ def test_a_held_task_is_delivered_when_the_sleep_ends(team: Team) -> None:
     assert got.ts >= lead.tasks()[0].held_until
     worker.close()
     lead.close()
+
+
+def test_the_tree_folds_from_its_snapshot_and_ignores_a_bad_one(team: Team) -> None:
+    """After 1,000 events the fold is saved (state tasks.fold) and later folds start
+    from it, events after it included; a damaged snapshot, or one whose log was
+    replaced, is ignored: the tree is the same either way."""
+    from ralph_mail.tasks import SNAPSHOT_KEY, fold, load
+
+    with MessageBus("demo", "worker-1") as worker:
+        worker.set_presence("idle")
+    lead = MessageBus("demo", "lead")
+    for n in range(400):  # 400 created + 400 assignments' worth of status: > 1,000 events
+        lead.delegate("worker-1", f"step {n}", id=f"T-{n}")
+    with MessageBus("demo", "worker-1") as worker:
+        for n in range(300):
+            worker.complete(f"T-{n}", f"done {n}")
+    truth = fold(lead.store.log_read("tasks"))[0]
+    assert load(lead.store)[0] == truth
+    assert lead.store.load_state(SNAPSHOT_KEY) is not None
+    with MessageBus("demo", "worker-1") as worker:
+        worker.complete("T-399", "late")
+    truth = fold(lead.store.log_read("tasks"))[0]
+    assert load(lead.store)[0] == truth and truth["T-399"].result == "late"
+    for damaged in (b"{not json", b'{"offset": 5, "mark": "00", "tasks": [], "since": {}}',
+                    b'{"offset": 1, "mark": "", "tasks": [[1, 2]], "since": {}}'):  # fmt: skip
+        lead.store.save_state(SNAPSHOT_KEY, damaged)
+        assert load(lead.store)[0] == truth
+    lead.close()
