@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -47,6 +46,7 @@ import orjson
 
 from ralph_mail import protocol
 from ralph_mail.bus import MessageBus
+from ralph_mail.children import kill_group, spawn
 from ralph_mail.errors import InvalidMessage, MailError, ProtocolError, StoreError
 from ralph_mail.message import Message, MessageType, check_name, format_ts, parse_ts
 from ralph_mail.settings import (
@@ -262,14 +262,7 @@ def command_reviewer(command: str, timeout: float = PLAN_REVIEW_TIMEOUT_S) -> Pl
         try:
             # A session of its own: on a timeout the whole group (a pipeline, a grandchild)
             # is killed, and a Ctrl-C at the lead's terminal is the lead's to handle.
-            child = subprocess.Popen(
-                ["/bin/sh", "-c", command],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=env,
-                start_new_session=True,
-            )
+            child = spawn(["/bin/sh", "-c", command], env)
         except OSError as exc:
             return False, f"plan review command could not start ({exc.strerror}): {command}"
         try:
@@ -289,8 +282,7 @@ def command_reviewer(command: str, timeout: float = PLAN_REVIEW_TIMEOUT_S) -> Pl
 
 
 def _kill_group(child: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(child.pid, signal.SIGKILL)
+    kill_group(child)
     # A grandchild that left the group may hold the pipes open: do not wait for it for ever.
     with contextlib.suppress(subprocess.TimeoutExpired):
         child.communicate(timeout=PLAN_REVIEW_TIMEOUT_S)

@@ -54,7 +54,14 @@ def command(action: Callable[[], int | None]) -> None:
 
 def full_app() -> Group:
     """The app with every command registered (each command module registers on import)."""
-    from ralph_mail.cli import conversation, governance, mail, maintenance, protocol  # noqa: F401
+    from ralph_mail.cli import (  # noqa: F401
+        conversation,
+        governance,
+        mail,
+        maintenance,
+        protocol,
+        responder,
+    )
 
     return app
 

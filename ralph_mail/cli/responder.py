@@ -1,0 +1,71 @@
+"""``ralph-mail run``: a command answers as an agent (see `ralph_mail.runner`)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Annotated
+
+from ralph_mail.cli import error_line
+from ralph_mail.cli.app import Agent, Home, TeamName, app, command, identity
+from ralph_mail.cli.command import Argument, Option
+
+
+@app.command("run")
+def run(
+    argv: Annotated[
+        list[str], Argument(help="The command and its arguments, after '--'.", metavar="COMMAND")
+    ],
+    jobs: Annotated[int, Option("--jobs", help="Runs at once.", metavar="N")] = 4,
+    timeout: Annotated[
+        float,
+        Option("--timeout", help="Kill a run (its process group) after S seconds.", metavar="S"),
+    ] = 120.0,
+    history: Annotated[
+        int,
+        Option(
+            "--history", help="Messages of the conversation given before a request.", metavar="N"
+        ),
+    ] = 20,
+    format: Annotated[
+        str,
+        Option("--format", help="stdin: text (headed as the seeds show it) or json.", metavar="F"),
+    ] = "text",
+    home: Home = None,
+    team: TeamName = None,
+    agent: Agent = None,
+) -> None:
+    """Answer as AGENT with a command: each request and delegation runs it once, with the
+    conversation on its stdin; its stdout is the reply or the task's result (a non-zero
+    exit or a timeout sends the error). Ctrl-C or SIGTERM: finish running jobs, exit 0.
+
+    \b
+    Example:
+      ralph-mail run --team demo --agent analyst -- claude -p
+      ralph-mail run --team demo --agent writer --jobs 2 -- ./answer.sh
+    """
+
+    def action() -> int:
+        from ralph_mail.runner import Runner
+
+        who = identity(home, team, agent)
+        stop = threading.Event()
+        previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        try:
+            with Runner(who.need_team(), who.need_agent(), argv or [], home, jobs=jobs,
+                        timeout=timeout, history=history, format=format) as runner:  # fmt: skip
+
+                def ready() -> None:
+                    error_line(f"{runner.bus.agent} answers with {argv[0]} (jobs {jobs}, "
+                               f"timeout {timeout:g} s); Ctrl-C stops", "note")  # fmt: skip
+
+                try:
+                    runner.serve(stop, ready)
+                except KeyboardInterrupt:
+                    stop.set()
+                    runner.serve(stop)  # lets running jobs finish, then returns
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        return 0
+
+    command(action)

@@ -1,0 +1,235 @@
+"""`ralph-mail run`: any command answers as an agent (DESIGN §11).
+
+A `Runner` consumes one agent's inbox and, for each ``request`` and each
+``task_assignment``, runs the command once: the conversation so far and the request on
+its standard input, who asks and why in its environment. Its standard output becomes
+the reply (an ask) or the task's result (a delegation); a non-zero exit, or a run past
+the timeout (its whole process group is killed), sends the error instead. Plain notes
+start nothing: the next run sees them in its history.
+
+A request is consumed only after its answer is sent, and answering is idempotent (a
+request gets one reply, a task one result), so a runner killed mid-run and started
+again answers each request exactly once. Runs go on in up to ``jobs`` threads; every
+mailbox operation happens on the runner's own thread.
+
+Example:
+    >>> Runner("demo", "analyst", ["claude", "-p"]).serve()    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Final
+
+import orjson
+
+from ralph_mail.bus import MessageBus
+from ralph_mail.children import kill_group, spawn
+from ralph_mail.errors import InvalidMessage, MailError
+from ralph_mail.message import Message, MessageType
+from ralph_mail.store.watch import StopEvent
+
+#: What starts a run, by message type, and the pattern its child is told.
+PATTERNS: Final[dict[str, str]] = {"request": "ask", "task_assignment": "delegate"}
+#: How long a stopping runner lets running jobs finish before it kills them (s).
+STOP_GRACE_S: Final = 10.0
+#: The most of a child's standard error kept for the error it reports.
+_STDERR_KEPT: Final = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How one run ended: ``output`` (its stdout), or ``error`` (why it failed)."""
+
+    output: str = ""
+    error: str = ""
+
+
+def prompt(message: Message, history: Sequence[Message], pattern: str) -> str:
+    """The text a run reads on stdin: the conversation so far, then the request headed
+    as the seeds head it (``[Agent Request from X | Pattern: ask]``)."""
+    lines = []
+    if history:
+        lines.append(f"[Conversation history with {message.from_agent}]")
+        lines += [f"{m.ts[:16].replace('T', ' ')} [{m.from_agent}] {m.content}" for m in history]
+        lines.append("")
+    head = f"[Agent Request from {message.from_agent} | Pattern: {pattern}"
+    if pattern == "delegate":
+        head += f" | Priority: {message.priority} | Task: {message.metadata.get('taskId', '')}"
+    lines += [head + "]", ""]
+    if message.metadata.get("context"):
+        lines += [f"Context: {message.metadata['context']}", ""]
+    lines.append(message.content)
+    return "\n".join(lines) + "\n"
+
+
+class Runner:
+    """One agent answered by a command (see the module docstring).
+
+    Args:
+        team, agent, home: whom it answers for.
+        command: the program and its arguments.
+        jobs: runs at once (default 4).
+        timeout: seconds a run may take before its process group is killed (120).
+        history: messages of the conversation given before the request (20).
+        format: ``text`` (headed, as the seeds show it) or ``json`` (one object).
+    """
+
+    def __init__(
+        self,
+        team: str,
+        agent: str,
+        command: Sequence[str],
+        home: str | os.PathLike[str] | None = None,
+        *,
+        jobs: int = 4,
+        timeout: float = 120.0,
+        history: int = 20,
+        format: str = "text",
+    ) -> None:
+        if not command:
+            raise InvalidMessage("no command to run: put it after '--', e.g. -- claude -p")
+        if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+            raise InvalidMessage(f"invalid jobs {jobs!r}: give a count >= 1")
+        if not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+            raise InvalidMessage(f"invalid timeout {timeout!r}: give a number of seconds > 0")
+        if isinstance(history, bool) or not isinstance(history, int) or history < 0:
+            raise InvalidMessage(f"invalid history {history!r}: give a count >= 0")
+        if format not in ("text", "json"):
+            raise InvalidMessage(f"invalid format {format!r}: text or json")
+        self.command = list(command)
+        self.jobs, self.timeout, self.history, self.format = jobs, timeout, history, format
+        self.bus = MessageBus(team, agent, home, default_rate=10)
+        self.home = str(self.bus.team.home)
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
+
+    def serve(
+        self, stop: StopEvent | None = None, ready: Callable[[], object] | None = None
+    ) -> None:
+        """Answer what comes until ``stop`` is set; then let running jobs finish (killing
+        them after `STOP_GRACE_S`). `InboxBusy` when another process consumes the inbox.
+        ``ready`` is called once the agent is online."""
+        self.bus.peek()  # claims the inbox (a second runner is refused here): online now
+        self.bus.set_presence("idle")
+        if ready is not None:
+            ready()
+        said = "idle"
+        running: dict[Future[Outcome], Message] = {}
+        with ThreadPoolExecutor(self.jobs, thread_name_prefix="ralph-run") as pool:
+            try:
+                while stop is None or not stop.is_set():
+                    self._collect(running, wait_s=0.0)
+                    taken = {message.id for message in running.values()}
+                    for message in self.bus.peek():
+                        if message.id in taken:
+                            continue
+                        pattern = PATTERNS.get(str(message.type))
+                        if pattern is None:  # a note: the next run sees it in history
+                            self.bus.consume(message)
+                        elif len(running) < self.jobs:
+                            running[pool.submit(self._run, message, pattern)] = message
+                            taken.add(message.id)
+                    if said != ("working" if running else "idle"):
+                        said = "working" if running else "idle"
+                        self.bus.set_presence(said)
+                    if len(running) >= self.jobs:
+                        self._collect(running, wait_s=0.5)
+                    else:
+                        self.bus.wait_for_messages(0.1 if running else 1.0, stop=stop,
+                                                   consume=False)  # fmt: skip
+            finally:
+                self._collect(running, wait_s=STOP_GRACE_S)
+                for child in list(self._children.values()):
+                    kill_group(child)
+                self._collect(running, wait_s=self.timeout)
+                with contextlib.suppress(MailError):
+                    self.bus.set_presence("idle")
+
+    def _collect(self, running: dict[Future[Outcome], Message], wait_s: float) -> None:
+        """Answer for the runs that ended (waiting up to ``wait_s`` for one)."""
+        if not running:
+            return
+        done, _ = wait(running, timeout=wait_s, return_when=FIRST_COMPLETED)
+        for future in done:
+            message = running.pop(future)
+            self._answer(message, future.result())
+
+    def _answer(self, message: Message, outcome: Outcome) -> None:
+        """Send the run's answer, then consume the request (never before)."""
+        if message.type == MessageType.REQUEST:
+            if outcome.error:
+                self.bus.reply(message, outcome.error, {"error": outcome.error})
+            else:
+                self.bus.reply(message, outcome.output)
+        else:
+            task_id = message.metadata.get("taskId", "")
+            try:
+                if outcome.error:
+                    self.bus.fail(task_id, outcome.error)
+                else:
+                    self.bus.complete(task_id, outcome.output)
+            except MailError:  # not in the team's task tree: report to whoever gave it
+                self.bus.send(message.from_agent, MessageType.STATUS_UPDATE,
+                              outcome.error or outcome.output,
+                              {"state": "failed" if outcome.error else "done",
+                               "task": task_id})  # fmt: skip
+        self.bus.consume(message)
+
+    def _run(self, message: Message, pattern: str) -> Outcome:
+        """One run of the command for ``message`` (on a pool thread: no mailbox use)."""
+        history = [m for m in self._history(message) if m.id != message.id]
+        if self.format == "json":
+            document = {"pattern": pattern, "message": message.to_dict(),
+                        "history": [m.to_dict() for m in history]}  # fmt: skip
+            stdin = orjson.dumps(document) + b"\n"
+        else:
+            stdin = prompt(message, history, pattern).encode()
+        env = dict(os.environ)
+        env.update(
+            RALPH_HOME=self.home, RALPH_TEAM=self.bus.team.name, RALPH_AGENT=self.bus.agent,
+            RALPH_MESSAGE_ID=message.id, RALPH_FROM=message.from_agent,
+            RALPH_THREAD=message.thread, RALPH_CHAIN=",".join(message.chain),
+            RALPH_PATTERN=pattern,
+        )  # fmt: skip
+        if pattern == "delegate":
+            env["RALPH_TASK"] = message.metadata.get("taskId", "")
+        try:
+            child = spawn(self.command, env)
+        except OSError as exc:
+            return Outcome(error=f"cannot run {self.command[0]!r}: {exc.strerror or exc}")
+        self._children[message.id] = child
+        try:
+            out, err = child.communicate(stdin, timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(child)
+            child.communicate()
+            return Outcome(error=f"{self.command[0]} ran past {self.timeout:g} s: killed")
+        finally:
+            kill_group(child)  # what it left running in its group (a daemon) goes too
+            self._children.pop(message.id, None)
+        if child.returncode != 0:
+            said = err.decode("utf-8", "replace").strip()[-_STDERR_KEPT:]
+            return Outcome(error=f"{self.command[0]} exited {child.returncode}"
+                           + (f": {said}" if said else ""))  # fmt: skip
+        text = out.decode("utf-8", "replace")
+        return Outcome(output=text[:-1] if text.endswith("\n") else text)
+
+    def _history(self, message: Message) -> list[Message]:
+        if self.history == 0:
+            return []
+        with MessageBus(self.bus.team.name, self.bus.agent, self.home) as view:
+            return view.history(message.from_agent, self.history)
+
+    def close(self) -> None:
+        self.bus.close()
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
