@@ -21,10 +21,11 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Final
+from typing import IO, Final
 
 import orjson
 
@@ -38,6 +39,10 @@ from ralph_mail.store.watch import StopEvent
 PATTERNS: Final[dict[str, str]] = {"request": "ask", "task_assignment": "delegate"}
 #: How long a stopping runner lets running jobs finish before it kills them (s).
 STOP_GRACE_S: Final = 10.0
+#: Room kept for the envelope when a child's output becomes a message (bytes).
+_ENVELOPE_ROOM: Final = 4096
+#: How long the pipes of a finished (or killed) child are read for at most (s).
+_JOIN_S: Final = 5.0
 #: The most of a child's standard error kept for the error it reports.
 _STDERR_KEPT: Final = 2000
 
@@ -48,6 +53,57 @@ class Outcome:
 
     output: str = ""
     error: str = ""
+
+
+def _communicate(
+    child: subprocess.Popen[bytes], stdin: bytes, timeout: float, limit: int
+) -> tuple[int | None, bytes, bool, bytes]:
+    """Feed ``stdin``, keep at most ``limit`` bytes of stdout (and the end of stderr),
+    reading the rest away so the child never blocks; ``(exit code or None when it ran
+    past ``timeout`` and its group was killed, stdout, whether it was cut, stderr)``."""
+    kept: dict[str, bytes] = {}
+    cut = False
+
+    def feed() -> None:
+        assert child.stdin is not None
+        with contextlib.suppress(BrokenPipeError, OSError):
+            child.stdin.write(stdin)
+        with contextlib.suppress(OSError):
+            child.stdin.close()
+
+    def drain(name: str, stream: IO[bytes], most: int, tail: bool) -> None:
+        nonlocal cut
+        buffer, total, fd = bytearray(), 0, stream.fileno()
+        while chunk := os.read(fd, 1 << 16):
+            total += len(chunk)
+            if tail:
+                buffer = (buffer + chunk)[-most:]
+            elif len(buffer) < most:
+                buffer += chunk[: most - len(buffer)]
+        if not tail and total > most:
+            cut = True
+        kept[name] = bytes(buffer)
+
+    assert child.stdout is not None and child.stderr is not None
+    threads = [
+        threading.Thread(target=feed, daemon=True),
+        threading.Thread(target=drain, args=("out", child.stdout, limit, False), daemon=True),
+        threading.Thread(target=drain, args=("err", child.stderr, _STDERR_KEPT, True), daemon=True),
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        code: int | None = child.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(child)
+        child.wait()
+        code = None
+    for thread in threads:
+        thread.join(timeout=_JOIN_S)  # a grandchild holding the pipes must not hang us
+    for stream in (child.stdout, child.stderr):
+        with contextlib.suppress(OSError):
+            stream.close()
+    return code, kept.get("out", b""), cut, kept.get("err", b"")
 
 
 def prompt(message: Message, history: Sequence[Message], pattern: str) -> str:
@@ -203,21 +259,23 @@ class Runner:
         except OSError as exc:
             return Outcome(error=f"cannot run {self.command[0]!r}: {exc.strerror or exc}")
         self._children[message.id] = child
+        limit = max(1024, self.bus.max_message_bytes - _ENVELOPE_ROOM)
         try:
-            out, err = child.communicate(stdin, timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            kill_group(child)
-            child.communicate()
-            return Outcome(error=f"{self.command[0]} ran past {self.timeout:g} s: killed")
+            code, out, cut, err = _communicate(child, stdin, self.timeout, limit)
         finally:
             kill_group(child)  # what it left running in its group (a daemon) goes too
             self._children.pop(message.id, None)
-        if child.returncode != 0:
+        if code is None:
+            return Outcome(error=f"{self.command[0]} ran past {self.timeout:g} s: killed")
+        if code != 0:
             said = err.decode("utf-8", "replace").strip()[-_STDERR_KEPT:]
-            return Outcome(error=f"{self.command[0]} exited {child.returncode}"
+            return Outcome(error=f"{self.command[0]} exited {code}"
                            + (f": {said}" if said else ""))  # fmt: skip
         text = out.decode("utf-8", "replace")
-        return Outcome(output=text[:-1] if text.endswith("\n") else text)
+        text = text[:-1] if text.endswith("\n") and not cut else text
+        if cut:
+            text += f"\n[output cut at {limit:,} bytes: the message limit]"
+        return Outcome(output=text)
 
     def _history(self, message: Message) -> list[Message]:
         if self.history == 0:

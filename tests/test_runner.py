@@ -143,3 +143,19 @@ def test_a_runner_killed_mid_run_answers_once_when_started_again(
     finally:  # the killed runner's child outlives it (its own session): end it here
         with contextlib.suppress(ProcessLookupError):
             os.killpg(orphan, signal.SIGKILL)
+
+
+def test_a_flooding_or_garbled_child_gives_one_bounded_message(
+    team: Team, procs: Processes
+) -> None:
+    """A child writing 100 MiB: the reply is cut at the message limit, with a note, and
+    the runner goes on; invalid UTF-8 is replaced, never an error."""
+    runner(procs, team.home, "worker-1",
+           "head -c 104857600 /dev/zero | tr '\\0' x; printf '\\377\\376 end'")  # fmt: skip
+    done = ask(team.home, "worker-1", "everything?")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(b"xxxx")
+    assert b"[output cut at " in done.stdout and len(done.stdout) < 1_100_000
+    runner(procs, team.home, "worker-2", "printf 'caf\\351 \\377'")
+    garbled = ask(team.home, "worker-2", "bytes?")
+    assert garbled.returncode == 0 and garbled.stdout == "caf\ufffd \ufffd\n".encode()
