@@ -61,3 +61,14 @@ def test_conversation_examples(tmp_path: Path, children: Children) -> None:
         out = run_example(command, tmp_path, children)
         assert "analyst says: Q4 revenue was $2.4M" in out
         assert "writer says: Saved as 'Q4 Blog Post Draft'" in out
+
+
+def test_llm_team_example(tmp_path: Path, children: Children) -> None:
+    """examples/llm_team: commands behind ralph-mail run answer a nested ask (the analyst
+    asks the data agent first, chain coordinator) and a delegation; nothing is left."""
+    out = run_example("bash examples/llm_team/run.sh", tmp_path, children)
+    assert (
+        "analyst says: Q4 revenue grew 14% to 2.4M (revenue Q4: 2.4M (Q3: 2.1M); chain coordinator)"
+    ) in out
+    assert "writer says: Draft saved: 'Draft the Q4 update' in 3 paragraphs" in out
+    assert "T-1  Draft the Q4 update  writer  completed" in out
