@@ -316,7 +316,7 @@ class MessageBus:
         """Keep a message for approval, and ask my approver (my manager, else the lead)."""
         from ralph_mail import approvals
 
-        approver = self._team.member(self.agent).manager or self._team.lead
+        approver = self._me().manager or self._team.lead
         record = approvals.held(envelope, approver, reason, format_ts(time.time_ns() // 1000))
         self._store.log_append(approvals.LOG, record)
         message = from_envelope(envelope)
@@ -887,7 +887,9 @@ class MessageBus:
             yield
         finally:
             with contextlib.suppress(MailError):
-                if before is not None:
+                if before is None:
+                    self.set_presence("idle")
+                else:
                     self._store.save_presence(self.agent, before)
 
     def _answer_of(self, request_id: str, to: str, start: int, timeout: float) -> Message:

@@ -12,7 +12,6 @@ from collections.abc import Iterator, Sequence
 
 from ralph_mail.message import BROADCAST_ADDRESS, Message, decode_lines
 from ralph_mail.settings import WATCH_SAFETY_POLL_S
-from ralph_mail.store.base import TeamStore
 from ralph_mail.store.watch import StopEvent
 from ralph_mail.team import load_team
 
@@ -46,11 +45,9 @@ class History:
         #: that falls behind the owner by more than one compaction skips what is gone.
         self.skipped: dict[str, int] = {}
         self._broadcasts_seen: set[str] = set()
-
-    @property
-    def store(self) -> TeamStore:
-        """The team's store (for a note on what gc archived)."""
-        return self._store
+        #: The inboxes `last` read back to their start, where the start is past 0: gc
+        #: compacted them, and what it dropped is in the team's archive.
+        self.archived: list[str] = []
 
     def last(self, count: int) -> list[Message]:
         """The last ``count`` messages (merged over the inboxes), oldest first.
@@ -59,9 +56,12 @@ class History:
         Afterwards `follow` continues from here.
         """
         merged: list[Message] = []
+        self.archived = []
         for agent in self.agents:
             lines, end = self._store.read_tail(agent, count)
             self._offsets[agent] = end
+            if len(lines) < count and end - sum(len(line) + 1 for line in lines) > 0:
+                self.archived.append(agent)
             merged.extend(self._decode(lines))
         merged.sort(key=lambda message: message.ts)
         return merged[-count:] if count > 0 else []

@@ -188,7 +188,8 @@ class Runner:
                         if pattern is None:  # a note: the next run sees it in history
                             self.bus.consume(message)
                         elif len(running) < self.jobs:
-                            running[pool.submit(self._run, message, pattern)] = message
+                            past = self._history(message)  # read here: no mailbox in jobs
+                            running[pool.submit(self._run, message, pattern, past)] = message
                             taken.add(message.id)
                     if said != ("working" if running else "idle"):
                         said = "working" if running else "idle"
@@ -236,9 +237,9 @@ class Runner:
                                "task": task_id})  # fmt: skip
         self.bus.consume(message)
 
-    def _run(self, message: Message, pattern: str) -> Outcome:
+    def _run(self, message: Message, pattern: str, past: list[Message]) -> Outcome:
         """One run of the command for ``message`` (on a pool thread: no mailbox use)."""
-        history = [m for m in self._history(message) if m.id != message.id]
+        history = [m for m in past if m.id != message.id]
         if self.format == "json":
             document = {"pattern": pattern, "message": message.to_dict(),
                         "history": [m.to_dict() for m in history]}  # fmt: skip
@@ -278,10 +279,7 @@ class Runner:
         return Outcome(output=text)
 
     def _history(self, message: Message) -> list[Message]:
-        if self.history == 0:
-            return []
-        with MessageBus(self.bus.team.name, self.bus.agent, self.home) as view:
-            return view.history(message.from_agent, self.history)
+        return self.bus.history(message.from_agent, self.history) if self.history else []
 
     def close(self) -> None:
         self.bus.close()

@@ -13,7 +13,7 @@ from ralph_mail.cli.app import Agent, Home, Json, JsonRecords, TeamName, app, co
 from ralph_mail.cli.command import Argument, Group, Option
 from ralph_mail.cli.mail import Priority, Visibility, team_app
 from ralph_mail.cli.render import deliver, print_json_lines, print_table, safe
-from ralph_mail.cli.send import Identity, held_exit, read_body
+from ralph_mail.cli.send import Identity, check_wait, held_exit, read_body
 from ralph_mail.errors import MailError
 from ralph_mail.message import Message, encode
 
@@ -298,9 +298,8 @@ def delegate(
     """
 
     def action() -> int:
+        check_wait(wait)
         left = wait
-        if left is not None and not left >= 0:
-            raise MailError(f"invalid --wait {left}: give a number of seconds >= 0")
         body = read_body(description, settings.max_message_bytes())
         bus = identity(home, team, agent).bus()
         try:

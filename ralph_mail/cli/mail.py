@@ -400,7 +400,11 @@ def tail(
             shown = show(_last(view, lines, visible))
             print_messages(shown, json)
             if len(shown) < lines:
-                _say_archived(view, agents)
+                for archived in view.archived:  # older mail is not gone: say where it is
+                    sys.stderr.write(
+                        f"ralph-mail: note: older messages of {archived} are archived (gc): "
+                        f"ralph-mail search '' --to {archived}\n"
+                    )
             if follow:
                 shown_skipped = 0
                 for batch in view.follow():
@@ -416,17 +420,6 @@ def tail(
             view.close()
 
     command(action)
-
-
-def _say_archived(view: History, agents: list[str]) -> None:
-    """A note on stderr for each inbox gc compacted: its older mail is archived."""
-    for agent in agents:
-        data, start = view.store.read_audit(agent, 0)
-        if data and start < view.store.read(agent, 0, skip_collected=True)[1]:
-            sys.stderr.write(
-                f"ralph-mail: note: older messages of {agent} are archived (gc): "
-                f"ralph-mail search '' --to {agent}\n"
-            )
 
 
 def _last(view: History, count: int, visible: bool) -> list[Message]:

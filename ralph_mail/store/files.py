@@ -276,7 +276,7 @@ class FileStore:
         its audit trail starts now (the inbox's base when nothing is archived)."""
         check_name(agent, "agent name")
         start = self._log(agent).purge_archive(before, timeout)
-        return start if start else self.read(agent, 0, skip_collected=True)[1]
+        return start if start else self.inbox_state(agent).base
 
     def _index_fd(self, key: str) -> int:
         if not _INDEX_KEY.fullmatch(key):
@@ -603,29 +603,33 @@ class FileStore:
     def save_state(self, key: str, data: bytes) -> None:
         """Replace what is saved under ``key`` with ``data``, atomically and durably."""
         check_name(key, "state key")
+        with self._saving():
+            self._replace_state(key, data)
+
+    def update_state(self, key: str, change: Callable[[bytes | None], bytes]) -> None:
+        """Read, change and save ``key``, all under the flock of ``state/control``."""
+        check_name(key, "state key")
+        with self._saving():
+            self._replace_state(key, change(self.load_state(key)))
+
+    @contextlib.contextmanager
+    def _saving(self) -> Iterator[None]:
+        """Hold the flock of ``state/control`` for a save, and count the save there once
+        it is done, so every process sees it at its next look (`state_version`)."""
+        shared = self._mapped("control", 8)
+        fd = self._indexes["control"]
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            yield
+            _COUNTER.pack_into(shared, 0, _COUNTER.unpack_from(shared, 0)[0] + 1)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _replace_state(self, key: str, data: bytes) -> None:
         try:
             replace_file(f"{key}.json", data, self.dirs.get("state"))
         except OSError as exc:
             raise store_error(exc, str(self.dirs.path("state", f"{key}.json")), "save") from None
-        self._control(bump=True)  # every process sees the change at its next look
-
-    def update_state(self, key: str, change: Callable[[bytes | None], bytes]) -> None:
-        """Read, change and save ``key`` under the flock of ``state/control``."""
-        self._mapped("control", 8)
-        fd = self._indexes["control"]
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            data = change(self.load_state(key))
-            check_name(key, "state key")
-            try:
-                replace_file(f"{key}.json", data, self.dirs.get("state"))
-            except OSError as exc:
-                where = str(self.dirs.path("state", f"{key}.json"))
-                raise store_error(exc, where, "save") from None
-            shared = self._maps["control"]
-            _COUNTER.pack_into(shared, 0, _COUNTER.unpack_from(shared, 0)[0] + 1)
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
 
     def state_version(self, key: str) -> tuple[int, ...] | None:
         """(inode, mtime in ns, size, mode) of the state file, or None when there is none.
@@ -659,25 +663,17 @@ class FileStore:
         self._versions[key] = (counter, now, version)
         return version
 
-    def _control(self, bump: bool = False) -> int:
-        """The counter of state saves in ``state/control`` (bumped with ``bump``); -1 when
-        a team made before it has none yet (a look never creates it: a save does)."""
-        if not bump and "control" not in self._maps:
+    def _control(self) -> int:
+        """The counter of state saves in ``state/control``; -1 when a team made before it
+        has none yet (a look never creates it: a save does)."""
+        if "control" not in self._maps:
             try:
                 os.stat("control", dir_fd=self.dirs.get("state"), follow_symlinks=False)
             except FileNotFoundError:
                 return -1
             except OSError as exc:
                 raise store_error(exc, str(self.dirs.path("state", "control")), "read") from None
-        shared = self._mapped("control", 8)
-        if bump:
-            fd = self._indexes["control"]
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                _COUNTER.pack_into(shared, 0, _COUNTER.unpack_from(shared, 0)[0] + 1)
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-        value: int = _COUNTER.unpack_from(shared, 0)[0]
+        value: int = _COUNTER.unpack_from(self._mapped("control", 8), 0)[0]
         return value
 
     def _mapped(self, name: str, size: int) -> mmap.mmap:
