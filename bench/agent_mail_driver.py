@@ -10,8 +10,9 @@ Two agents talk through the server's own tools, each through a client of its own
 the SDK's in-memory transport (one process: no HTTP, which flatters the peer): the
 asker sends (``send_message``), the replier polls its inbox (``fetch_inbox``) every
 POLL_S seconds, answers (``reply_message``), and the asker polls for the reply. It
-prints one JSON object: ``send_ms`` (each send's call), ``round_trip_ms`` (send to
-reply seen), and the versions it ran.
+prints one JSON object: ``send_ms`` (each send's call), ``fetch_ms`` (each of the
+asker's ``fetch_inbox`` calls), ``round_trip_ms`` (send to reply seen), and the versions
+it ran.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ async def _exchange(count: int, poll: float, project: str) -> dict[str, Any]:
 
     server = build_mcp_server()
     sends: list[float] = []
+    fetches: list[float] = []
     trips: list[float] = []
     async with (
         Client(server, log_handler=quiet) as asker,
@@ -86,9 +88,12 @@ async def _exchange(count: int, poll: float, project: str) -> dict[str, Any]:
                 )  # fmt: skip
                 sent = time.perf_counter()
                 while True:
+                    f0 = time.perf_counter()
                     inbox = await asker.call_tool(
                         "fetch_inbox", {"project_key": project, "agent_name": ASKER, "limit": 5}
                     )
+                    if n >= WARMUP:
+                        fetches.append((time.perf_counter() - f0) * 1e3)
                     if any(m.get("subject", "").endswith(subject) for m in _rows(inbox)):
                         break
                     await asyncio.sleep(poll)
@@ -98,7 +103,7 @@ async def _exchange(count: int, poll: float, project: str) -> dict[str, Any]:
         finally:
             stop.set()
             await task
-    return {"send_ms": sends, "round_trip_ms": trips}
+    return {"send_ms": sends, "fetch_ms": fetches, "round_trip_ms": trips}
 
 
 def main(argv: list[str]) -> int:

@@ -13,7 +13,6 @@ exchange with its own tools (send, fetch, reply, fetch) in an environment of its
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -128,17 +127,11 @@ def _peer(sec: Section, sizes: Sizes, ws: Workspace) -> None:
                        anchor=pipe, status=status))  # fmt: skip
     if isinstance(exe, str):
         return
-    scratch = ws.fresh("agent-mail")
-    done = subprocess.run(
-        [str(exe), str(peer_venv.DRIVER), str(scratch), str(sizes.peer_asks), str(PEER_POLL_S)],
-        capture_output=True, check=False, timeout=1800, env=child_env(),
-    )  # fmt: skip
-    if done.returncode != 0:
-        trip.status = send.status = (
-            f"failed: exit {done.returncode}: {done.stderr.decode(errors='replace')[-300:]}"
-        )
+    result = peer_venv.drive(exe, ws.fresh("agent-mail"), sizes.peer_asks, PEER_POLL_S,
+                             child_env())  # fmt: skip
+    if isinstance(result, str):
+        trip.status = send.status = result
         return
-    result = json.loads(done.stdout.decode().strip().splitlines()[-1])
     trips = [ms * 1e3 for ms in result["round_trip_ms"]]
     trip.values.append(percentile(trips, 50))
     trip.extra["p99_us"].append(percentile(trips, 99))

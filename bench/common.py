@@ -56,7 +56,8 @@ class Sizes:
     ``history_small`` and ``history_big`` the other messages a conversation is buried
     under; ``history_runs`` calls of ``history`` timed; ``tree_tasks`` and
     ``tree_events`` the size of the task log ``tasks`` folds; ``search_n`` the messages
-    searched.
+    searched; ``run_samples`` asks answered by ``ralph-mail run``; ``turn_agents``
+    runners mentioned in one post, ``turn_posts`` times.
     """
 
     name: str
@@ -86,6 +87,9 @@ class Sizes:
     tree_tasks: int
     tree_events: int
     search_n: int
+    run_samples: int
+    turn_agents: int
+    turn_posts: int
 
 
 SIZES: Final[dict[str, Sizes]] = {
@@ -117,6 +121,9 @@ SIZES: Final[dict[str, Sizes]] = {
         tree_tasks=10_000,
         tree_events=100_000,
         search_n=1_000_000,
+        run_samples=200,
+        turn_agents=10,
+        turn_posts=10,
     ),
     "quick": Sizes(
         name="quick",
@@ -146,6 +153,9 @@ SIZES: Final[dict[str, Sizes]] = {
         tree_tasks=10_000,
         tree_events=100_000,
         search_n=200_000,
+        run_samples=50,
+        turn_agents=10,
+        turn_posts=3,
     ),
     "smoke": Sizes(
         name="smoke",
@@ -175,6 +185,9 @@ SIZES: Final[dict[str, Sizes]] = {
         tree_tasks=20,
         tree_events=200,
         search_n=2_000,
+        run_samples=3,
+        turn_agents=3,
+        turn_posts=1,
     ),
 }
 

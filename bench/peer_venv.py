@@ -7,10 +7,11 @@ the Python of an environment of its own (`bench.agent_mail_driver`).
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 PACKAGE: Final = "mcp-agent-mail==0.1.0"
 DRIVER: Final = Path(__file__).with_name("agent_mail_driver.py")
@@ -43,3 +44,17 @@ def make(venv: Path) -> str:
             tail = done.stderr.decode(errors="replace").strip()[-300:]
             return f"cannot make the peer environment ({' '.join(step[:3])}): {tail}"
     return ""
+
+
+def drive(
+    exe: Path, scratch: Path, count: int, poll: float, env: dict[str, str]
+) -> dict[str, Any] | str:
+    """Run the driver (`DRIVER`) with the peer's Python: its JSON result, or why it failed."""
+    done = subprocess.run(
+        [str(exe), str(DRIVER), str(scratch), str(count), str(poll)],
+        capture_output=True, check=False, timeout=1800, env=env,
+    )  # fmt: skip
+    if done.returncode != 0:
+        return f"failed: exit {done.returncode}: {done.stderr.decode(errors='replace')[-300:]}"
+    result: dict[str, Any] = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    return result

@@ -105,6 +105,10 @@ def _missing(key: str, label: str, target: str, *rows: Row | None) -> Target | N
     return None
 
 
+def _p50(row: Row | None) -> float:
+    return row.stat.median if row is not None and row.ok else math.nan
+
+
 def targets(secs: Sections) -> list[Target]:
     """Evaluate every target of the issue from the sections of one run."""
     out: list[Target] = []
@@ -399,6 +403,34 @@ def targets(secs: Sections) -> list[Target]:
                           ratio, f"{ratio:.1f}x", "≤ 50 ms", met, note))  # fmt: skip
     add_limit("search_rate", row(found, "search_index_rate"), "≥ 50,000 msg/s",
               lambda v: v >= 50_000)  # fmt: skip
+    channels = secs.get("channels")
+    for key, fig_key, floor_key in (("run_start", "run_start", "floor_start"),
+                                    ("run_exit", "run_exit", "floor_exit")):  # fmt: skip
+        under = row(channels, floor_key)
+        add_limit(key, row(channels, fig_key), "≤ 5 ms p50", lambda v: v <= 5.0,
+                  f"{under.label}: {spread(under)}" if under else "—")  # fmt: skip
+    under = row(channels, "floor_run")
+    add_limit("turn_overhead", row(channels, "turn_overhead"), "≤ 10 ms p50",
+              lambda v: v <= 10.0, f"{under.label}: {spread(under)}" if under else "—")  # fmt: skip
+    for key, fig_key, anchor_key in (("channel_post", "channel_post", "inbox_send"),
+                                     ("channel_read", "channel_read", "inbox_poll")):  # fmt: skip
+        # No target in the issue: ours is that a channel costs what an inbox costs
+        # (the same locked append and decode), within 2x.
+        add_ratio(key, f"{key.replace('_', ' ')} vs inbox {anchor_key.split('_')[1]}",
+                  row(channels, fig_key), row(channels, anchor_key), "≤ 2x",
+                  cost_ratio, lambda r: r <= 2.0, "{r:.2f}x")  # fmt: skip
+    faces = secs.get("mcp_server")
+    for key, fig_key, anchor_key, peer_key in (
+        ("mcp_send", "mcp_send", "bus_send", "agent_mail_send"),
+        ("mcp_check", "mcp_check", "bus_poll", "agent_mail_fetch"),
+    ):
+        add_ratio(key, f"{row(faces, fig_key).label if row(faces, fig_key) else key} (p50 "
+                  "≤ 2 ms) vs the bus directly", row(faces, fig_key), row(faces, anchor_key),
+                  "≤ 2 ms", time_ratio, lambda r, k=fig_key: _p50(row(faces, k)) <= 2.0,
+                  "{r:.1f}x")  # fmt: skip
+        add_ratio(f"{key}_peer", f"{key.replace('_', ' ')} vs MCP Agent Mail",
+                  row(faces, fig_key), row(faces, peer_key), "faster", time_ratio,
+                  lambda r: r < 1.0, "{r:.3f}x the peer's time")  # fmt: skip
     for command in ("send", "read", "wait", "tail", "status", "ask", "reply", "history",
                     "task_done"):  # fmt: skip
         add_ratio(

@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from datetime import datetime
 
     from ralph_mail.approvals import Held
+    from ralph_mail.channels import Channels
     from ralph_mail.presence import AgentInfo
     from ralph_mail.store.watch import StopEvent
     from ralph_mail.tasks import Task
@@ -123,7 +124,8 @@ class MessageBus:
         # message after message (the lead catching up) costs O(1) each, not O(pending).
         self._pending: deque[tuple[int, Message]] = deque()
         self._watcher: Waiter | None = None
-        self._lock = threading.RLock()  # asks from several threads consume one at a time
+        # Consuming, one thread at a time: asks from several threads, an MCP server's tools.
+        self._lock = threading.RLock()
         self._ask_local = threading.local()  # each asking thread's waiter
         self._ask_waiters: list[Waiter] = []
         self._touched = -_TOUCH_EVERY_S  # when this bus last noted its agent as active
@@ -133,6 +135,7 @@ class MessageBus:
         self._decisions_team: Team | None = None
         self._myself: tuple[Team, Member] | None = None
         self._rate_key = f"rate.{self.agent}"
+        self._channels: Channels | None = None
         if default_rate is not None:
             from ralph_mail.policy import check_rate
 
@@ -572,6 +575,36 @@ class MessageBus:
 
         return presence.agents(self.refresh_team(), self.agent, include_self)
 
+    # -- channels -------------------------------------------------------------------------
+
+    @property
+    def channels(self) -> Channels:
+        """My channels: create, join, leave, pass a turn, where a mention stands."""
+        if self._channels is None:
+            from ralph_mail.channels import Channels
+
+            self._channels = Channels(self)
+        return self._channels
+
+    def channel_post(self, name: str, text: str, reply_to: str | None = None) -> Message:
+        """Post ``text`` in channel ``name`` (I am a member); each member it mentions
+        (``@name``, ``@all``) gets a `mention` in its inbox. An ``@name`` that is no
+        member is refused (`InvalidMessage`, naming the members).
+
+        Example:
+            >>> bus.channel_post("standup", "@writer what are you on today?")  # doctest: +SKIP
+        """
+        return self.channels.post(name, text, reply_to)
+
+    def channel_read(self, name: str) -> list[Message]:
+        """Consume and return the posts of channel ``name`` I have not read (mine left
+        out), oldest first."""
+        return self.channels.read(name)
+
+    def channel_history(self, name: str, limit: int = 20) -> list[Message]:
+        """The last ``limit`` posts of channel ``name``, oldest first (like `history`)."""
+        return self.channels.history(name, limit)
+
     # -- delegation -----------------------------------------------------------------------
 
     def delegate(
@@ -825,6 +858,7 @@ class MessageBus:
         metadata: Mapping[str, str] | None = None,
         id: str | None = None,
         visibility: str | None = None,
+        stop: StopEvent | None = None,
     ) -> Message:
         """Send ``to`` a ``request`` and block until its ``reply`` arrives; return the reply.
 
@@ -834,6 +868,7 @@ class MessageBus:
         anything is written when it would exceed the team's ``max_depth`` (`DepthLimit`),
         or when it asks myself. No reply within ``timeout`` seconds: `NoReply`.
 
+        ``stop`` (an event, such as a cancelled MCP call's) ends the wait early: `NoReply`.
         ``id`` names the request, so an asker killed while it waited, run again with the
         same ``id``, gets the reply (the one that came meanwhile, or the one still to
         come) and does not ask again.
@@ -876,7 +911,7 @@ class MessageBus:
             if not decided:
                 raise PermissionDenied(f"asking {to} was denied by the approver")
             timeout = max(0.0, deadline - time.monotonic())
-        return self._answer_of(request.id, to, start, timeout)
+        return self._answer_of(request.id, to, start, timeout, stop)
 
     @contextlib.contextmanager
     def _awaiting_approval(self) -> Iterator[None]:
@@ -892,8 +927,12 @@ class MessageBus:
                 else:
                     self._store.save_presence(self.agent, before)
 
-    def _answer_of(self, request_id: str, to: str, start: int, timeout: float) -> Message:
-        answer = self._await_reply(request_id, start, timeout)
+    def _answer_of(
+        self, request_id: str, to: str, start: int, timeout: float, stop: StopEvent | None = None
+    ) -> Message:
+        answer = self._await_reply(request_id, start, timeout, stop=stop)
+        if answer is None and stop is not None and stop.is_set():
+            raise NoReply(f"stopped waiting for {to}'s answer: it comes to the inbox")
         if answer is None:
             raise NoReply(
                 f"{to} did not answer within {timeout:g} s; ask again, or delegate work "
@@ -988,6 +1027,8 @@ class MessageBus:
         start: int,
         timeout: float,
         kind: MessageType = MessageType.REPLY,
+        *,
+        stop: StopEvent | None = None,
     ) -> Message | None:
         """Read my inbox from ``start`` (without consuming) until the ``kind`` answering
         ``request_id`` comes; consume it alone when this process may."""
@@ -1010,14 +1051,14 @@ class MessageBus:
                 offset += len(data)
                 continue
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or (stop is not None and stop.is_set()):
                 return None
             if waiter is None:
                 waiter = self._ask_local.waiter = self._store.waiter([self.agent])
                 with self._lock:
                     self._ask_waiters.append(waiter)
                 continue  # read once more: the reply may have come while it started
-            waiter.wait(min(remaining, WATCH_SAFETY_POLL_S))
+            waiter.wait(min(remaining, WATCH_SAFETY_POLL_S), stop)
 
     def _consume_if_mine(self, message: Message) -> None:
         # The reply belongs to this ask: consume it when this process consumes my inbox
@@ -1218,22 +1259,24 @@ class MessageBus:
 
         Follow with `commit` once they are handled, for at-least-once delivery.
         """
-        return [message for _, message in self._refresh()]
+        with self._lock:
+            return [message for _, message in self._refresh()]
 
     def poll(self) -> list[Message]:
         """Consume and return the unconsumed messages of my inbox, oldest first.
 
         A poll that raises consumes nothing.
         """
-        messages = [message for _, message in self._refresh(starts=False)]
-        if messages or self._scanned != self._load().floor:
-            try:
-                self._save(self._scanned)
-            except BaseException:
-                self._cursor = None  # re-read from the cursor on disk: nothing was consumed
-                raise
-            self._pending.clear()
-        return messages
+        with self._lock:
+            messages = [message for _, message in self._refresh(starts=False)]
+            if messages or self._scanned != self._load().floor:
+                try:
+                    self._save(self._scanned)
+                except BaseException:
+                    self._cursor = None  # re-read from the cursor on disk: nothing consumed
+                    raise
+                self._pending.clear()
+            return messages
 
     def commit(self, message: Message) -> None:
         """Consume every message up to and including ``message`` (one `peek` returned).
@@ -1241,32 +1284,36 @@ class MessageBus:
         A process that crashes between `peek` and `commit` gets the messages again.
         Committing the messages of a peek one by one, in order, costs O(1) each.
         """
-        index = _find(self._pending, message)
-        following = index + 1
-        self._save(self._pending[following][0] if following < len(self._pending) else self._scanned)
-        for _ in range(following):
-            self._pending.popleft()
+        with self._lock:
+            index = _find(self._pending, message)
+            following = index + 1
+            pending = self._pending
+            self._save(pending[following][0] if following < len(pending) else self._scanned)
+            for _ in range(following):
+                pending.popleft()
 
     def consume(self, message: Message) -> None:
         """Consume ``message`` alone (one `peek` or ``wait_for_message(consume=False)``
         returned); the messages before and after it stay unread."""
-        index = _find(self._pending, message)
-        start = self._pending[index][0]
-        if index:
-            floor = self._pending[0][0]
-        else:
-            floor = self._pending[1][0] if len(self._pending) > 1 else self._scanned
-        self._save(floor, start)
-        del self._pending[index]
+        with self._lock:
+            index = _find(self._pending, message)
+            start = self._pending[index][0]
+            if index:
+                floor = self._pending[0][0]
+            else:
+                floor = self._pending[1][0] if len(self._pending) > 1 else self._scanned
+            self._save(floor, start)
+            del self._pending[index]
 
     def _first(self, type: MessageType | str, consume: bool) -> Message | None:
         """The first unconsumed message of ``type`` (consumed alone with ``consume``)."""
-        for _, message in self._refresh():
-            if message.type == type:
-                if consume:
-                    self.consume(message)
-                return message
-        return None
+        with self._lock:
+            for _, message in self._refresh():
+                if message.type == type:
+                    if consume:
+                        self.consume(message)
+                    return message
+            return None
 
     # -- waiting ------------------------------------------------------------------------
 

@@ -37,7 +37,8 @@ class History:
     ) -> None:
         roster = load_team(team, home, backend=backend)
         for agent in agents:
-            roster.member(agent)
+            if not agent.startswith("#"):  # a channel's log: its caller found the channel
+                roster.member(agent)
         self.agents = list(agents)
         self._store = roster.store
         self._offsets: dict[str, int] = {}

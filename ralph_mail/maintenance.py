@@ -80,7 +80,7 @@ def collect(
     min_bytes: int = 1,
     drop_before: str | None = None,
 ) -> Collection:
-    """Drop the consumed messages from the front of every inbox of ``team``.
+    """Drop the consumed messages from the front of every inbox and channel of ``team``.
 
     Safe while members send and read: each inbox is compacted under its own lock and cut
     at its owner's committed cursor, so no unread message is lost and every cursor stays
@@ -93,12 +93,16 @@ def collect(
         >>> collect("demo", home="/tmp/mail").removed        # doctest: +SKIP
         5120
     """
+    from ralph_mail.channels import KEY, parse
+
     roster = load_team(team, home)
     store = roster.store
     removed: list[Path] = []
+    # Every inbox, then every channel's log (cut where its least advanced member is).
+    logs = [*roster.names, *(f"#{name}" for name in sorted(parse(store.load_state(KEY))))]
     if not isinstance(store, FileStore):  # a backend of its own keeps its own house
         compactions = tuple(
-            store.compact(agent, min_bytes, drop_before=drop_before) for agent in roster.names
+            store.compact(agent, min_bytes, drop_before=drop_before) for agent in logs
         )
         return Collection(roster.name, compactions, ())
     try:
@@ -112,7 +116,7 @@ def collect(
             wait = settings.GC_INBOX_LOCK_WAIT_S
             compactions = tuple(
                 store.compact(agent, min_bytes, timeout=wait, drop_before=drop_before)
-                for agent in roster.names
+                for agent in logs
             )
     finally:
         store.close()

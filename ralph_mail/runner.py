@@ -1,16 +1,19 @@
 """`ralph-mail run`: any command answers as an agent (DESIGN §11).
 
-A `Runner` consumes one agent's inbox and, for each ``request`` and each
-``task_assignment``, runs the command once: the conversation so far and the request on
-its standard input, who asks and why in its environment. Its standard output becomes
-the reply (an ask) or the task's result (a delegation); a non-zero exit, or a run past
-the timeout (its whole process group is killed), sends the error instead. Plain notes
-start nothing: the next run sees them in its history.
+A `Runner` consumes one agent's inbox and, for each ``request``, ``task_assignment`` and
+``mention``, runs the command once: the conversation so far and the request on its
+standard input, who asks and why in its environment. Its standard output becomes the
+reply (an ask), the task's result (a delegation) or the answer posted in the channel (a
+mention, in its turn; empty output passes the turn); a non-zero exit, or a run past the
+timeout (its whole process group is killed), sends the error instead (a passed turn for
+a mention). Plain notes start nothing: the next run sees them in its history.
 
 A request is consumed only after its answer is sent, and answering is idempotent (a
 request gets one reply, a task one result), so a runner killed mid-run and started
-again answers each request exactly once. Runs go on in up to ``jobs`` threads; every
-mailbox operation happens on the runner's own thread.
+again answers each request exactly once. Runs go on in up to ``jobs`` threads, each
+with a bus of its own that reads the history and sends the answer the moment the child
+ends; the runner's bus, on its own thread, consumes. Between messages it waits on file
+events: its inbox, and the channels where a turn it waits for goes on.
 
 Example:
     >>> Runner("demo", "analyst", ["claude", "-p"]).serve()    # doctest: +SKIP
@@ -22,6 +25,7 @@ import contextlib
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -31,12 +35,15 @@ import orjson
 
 from ralph_mail.bus import MessageBus
 from ralph_mail.children import kill_group, spawn
-from ralph_mail.errors import InvalidMessage, MailError
+from ralph_mail.errors import InvalidMessage, MailError, PermissionDenied
 from ralph_mail.message import Message, MessageType
+from ralph_mail.store.base import Waiter
 from ralph_mail.store.watch import StopEvent
 
 #: What starts a run, by message type, and the pattern its child is told.
-PATTERNS: Final[dict[str, str]] = {"request": "ask", "task_assignment": "delegate"}
+PATTERNS: Final[dict[str, str]] = {
+    "request": "ask", "task_assignment": "delegate", "mention": "mention",
+}  # fmt: skip
 #: How long a stopping runner lets running jobs finish before it kills them (s).
 STOP_GRACE_S: Final = 10.0
 #: Room kept for the envelope when a child's output becomes a message (bytes).
@@ -111,10 +118,14 @@ def prompt(message: Message, history: Sequence[Message], pattern: str) -> str:
     as the seeds head it (``[Agent Request from X | Pattern: ask]``)."""
     lines = []
     if history:
-        lines.append(f"[Conversation history with {message.from_agent}]")
+        channel = message.metadata.get("channel", "") if pattern == "mention" else ""
+        lines.append(f"[Channel #{channel} history]" if channel
+                     else f"[Conversation history with {message.from_agent}]")  # fmt: skip
         lines += [f"{m.ts[:16].replace('T', ' ')} [{m.from_agent}] {m.content}" for m in history]
         lines.append("")
     head = f"[Agent Request from {message.from_agent} | Pattern: {pattern}"
+    if pattern == "mention":
+        head += f" | Channel: #{message.metadata.get('channel', '')}"
     if pattern == "delegate":
         head += f" | Priority: {message.priority} | Task: {message.metadata.get('taskId', '')}"
     lines += [head + "]", ""]
@@ -122,6 +133,22 @@ def prompt(message: Message, history: Sequence[Message], pattern: str) -> str:
         lines += [f"Context: {message.metadata['context']}", ""]
     lines.append(message.content)
     return "\n".join(lines) + "\n"
+
+
+def _note(text: str) -> None:
+    import sys
+
+    sys.stderr.write(f"ralph-mail: note: {text}\n")
+
+
+class _Either:
+    """Set when either event is (``stop`` may be None): a wait ends on either."""
+
+    def __init__(self, stop: StopEvent | None, other: threading.Event) -> None:
+        self._stop, self._other = stop, other
+
+    def is_set(self) -> bool:
+        return self._other.is_set() or (self._stop is not None and self._stop.is_set())
 
 
 class Runner:
@@ -163,6 +190,9 @@ class Runner:
         self.bus = MessageBus(team, agent, home, default_rate=10)
         self.home = str(self.bus.team.home)
         self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self._local = threading.local()  # each pool thread's own bus
+        self._buses: list[MessageBus] = []
+        self._buses_lock = threading.Lock()
 
     def serve(
         self, stop: StopEvent | None = None, ready: Callable[[], object] | None = None
@@ -175,31 +205,49 @@ class Runner:
         if ready is not None:
             ready()
         said = "idle"
-        running: dict[Future[Outcome], Message] = {}
+        running: dict[Future[None], Message] = {}
+        waiters: dict[tuple[str, ...], Waiter] = {}
+        finished = threading.Event()  # a job ended: wakes the wait below
+        woken = _Either(stop, finished)
         with ThreadPoolExecutor(self.jobs, thread_name_prefix="ralph-run") as pool:
             try:
                 while stop is None or not stop.is_set():
+                    finished.clear()
                     self._collect(running, wait_s=0.0)
                     taken = {message.id for message in running.values()}
+                    keys = {self.bus.agent}  # my inbox, and channels where a turn goes on
+                    wake = time.time() + 1.0
                     for message in self.bus.peek():
                         if message.id in taken:
                             continue
                         pattern = PATTERNS.get(str(message.type))
+                        if pattern == "mention":
+                            turn = self.bus.channels.turn(message)
+                            if turn.standing == "done":  # answered before a restart
+                                self.bus.consume(message)
+                                continue
+                            if turn.standing == "wait":
+                                keys.update(self.bus.channels.watch_keys(message))
+                                wake = min(wake, turn.until)
+                                continue
                         if pattern is None:  # a note: the next run sees it in history
                             self.bus.consume(message)
                         elif len(running) < self.jobs:
-                            past = self._history(message)  # read here: no mailbox in jobs
-                            running[pool.submit(self._run, message, pattern, past)] = message
+                            job = pool.submit(self._job, message, pattern)
+                            job.add_done_callback(lambda _: finished.set())
+                            running[job] = message
                             taken.add(message.id)
                     if said != ("working" if running else "idle"):
                         said = "working" if running else "idle"
                         self.bus.set_presence(said)
-                    if len(running) >= self.jobs:
-                        self._collect(running, wait_s=0.5)
-                    else:
-                        self.bus.wait_for_messages(0.1 if running else 1.0, stop=stop,
-                                                   consume=False)  # fmt: skip
+                    watched = tuple(sorted(keys))
+                    if watched not in waiters:  # new: look again before the first wait
+                        waiters[watched] = self.bus.store.waiter(list(watched))
+                        continue
+                    waiters[watched].wait(max(0.0, wake - time.time()), woken)
             finally:
+                for waiter in waiters.values():
+                    waiter.close()
                 self._collect(running, wait_s=STOP_GRACE_S)
                 for child in list(self._children.values()):
                     kill_group(child)
@@ -207,39 +255,65 @@ class Runner:
                 with contextlib.suppress(MailError):
                     self.bus.set_presence("idle")
 
-    def _collect(self, running: dict[Future[Outcome], Message], wait_s: float) -> None:
-        """Answer for the runs that ended (waiting up to ``wait_s`` for one)."""
+    def _collect(self, running: dict[Future[None], Message], wait_s: float) -> None:
+        """Consume the requests whose runs ended and were answered (waiting up to
+        ``wait_s`` for one); a job that failed to answer raises here."""
         if not running:
             return
         done, _ = wait(running, timeout=wait_s, return_when=FIRST_COMPLETED)
         for future in done:
             message = running.pop(future)
-            self._answer(message, future.result())
+            future.result()
+            self.bus.consume(message)
 
-    def _answer(self, message: Message, outcome: Outcome) -> None:
-        """Send the run's answer, then consume the request (never before)."""
-        if message.type == MessageType.REQUEST:
+    def _job(self, message: Message, pattern: str) -> None:
+        """One request, on a pool thread with a bus of its own (the runner's bus, which
+        consumes, stays on its thread): read the history, run, send the answer."""
+        bus = self._thread_bus()
+        outcome = self._run(message, pattern, self._history(bus, message))
+        self._answer(bus, message, outcome)
+
+    def _thread_bus(self) -> MessageBus:
+        bus: MessageBus | None = getattr(self._local, "bus", None)
+        if bus is None:
+            bus = self._local.bus = MessageBus(self.bus.team.name, self.bus.agent, self.home,
+                                               default_rate=10)  # fmt: skip
+            with self._buses_lock:
+                self._buses.append(bus)
+        return bus
+
+    def _answer(self, bus: MessageBus, message: Message, outcome: Outcome) -> None:
+        """Send the run's answer (the request is consumed after, never before)."""
+        if message.type == MessageType.MENTION:
+            name, post = message.metadata.get("channel", ""), message.reply_to or ""
+            try:
+                if outcome.output and not outcome.error:
+                    bus.channels.post(name, outcome.output, post, chain=tuple(message.chain))
+                else:  # nothing to say, or it failed: the next member goes on
+                    bus.channels.pass_turn(name, post)
+            except (InvalidMessage, PermissionDenied) as exc:  # left the channel, or it went
+                _note(f"{bus.agent} cannot answer in #{name}: {exc}")
+        elif message.type == MessageType.REQUEST:
             if outcome.error:
-                self.bus.reply(message, outcome.error, {"error": outcome.error})
+                bus.reply(message, outcome.error, {"error": outcome.error})
             else:
-                self.bus.reply(message, outcome.output)
+                bus.reply(message, outcome.output)
         else:
             task_id = message.metadata.get("taskId", "")
             try:
                 if outcome.error:
-                    self.bus.fail(task_id, outcome.error)
+                    bus.fail(task_id, outcome.error)
                 else:
-                    self.bus.complete(task_id, outcome.output)
+                    bus.complete(task_id, outcome.output)
             except MailError:  # not in the team's task tree: report to whoever gave it
-                self.bus.send(message.from_agent, MessageType.STATUS_UPDATE,
-                              outcome.error or outcome.output,
-                              {"state": "failed" if outcome.error else "done",
-                               "task": task_id})  # fmt: skip
-        self.bus.consume(message)
+                bus.send(message.from_agent, MessageType.STATUS_UPDATE,
+                         outcome.error or outcome.output,
+                         {"state": "failed" if outcome.error else "done",
+                          "task": task_id})  # fmt: skip
 
     def _run(self, message: Message, pattern: str, past: list[Message]) -> Outcome:
         """One run of the command for ``message`` (on a pool thread: no mailbox use)."""
-        history = [m for m in past if m.id != message.id]
+        history = [m for m in past if m.id not in (message.id, message.reply_to)]
         if self.format == "json":
             document = {"pattern": pattern, "message": message.to_dict(),
                         "history": [m.to_dict() for m in history]}  # fmt: skip
@@ -255,6 +329,8 @@ class Runner:
         )  # fmt: skip
         if pattern == "delegate":
             env["RALPH_TASK"] = message.metadata.get("taskId", "")
+        if pattern == "mention":
+            env["RALPH_CHANNEL"] = message.metadata.get("channel", "")
         try:
             child = spawn(self.command, env)
         except OSError as exc:
@@ -278,10 +354,18 @@ class Runner:
             text += f"\n[output cut at {limit:,} bytes: the message limit]"
         return Outcome(output=text)
 
-    def _history(self, message: Message) -> list[Message]:
-        return self.bus.history(message.from_agent, self.history) if self.history else []
+    def _history(self, bus: MessageBus, message: Message) -> list[Message]:
+        if not self.history:
+            return []
+        if message.type == MessageType.MENTION:
+            return bus.channel_history(message.metadata.get("channel", ""), self.history)
+        return bus.history(message.from_agent, self.history)
 
     def close(self) -> None:
+        with self._buses_lock:
+            for bus in self._buses:
+                bus.close()
+            self._buses.clear()
         self.bus.close()
 
     def __enter__(self) -> Runner:

@@ -21,6 +21,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A mailbox home under tmp_path, also set as RALPH_HOME (never the real ~/.ralph)."""
     path = tmp_path / "ralph"
     monkeypatch.setenv("RALPH_HOME", str(path))
+    monkeypatch.setenv("RALPH_CHANNEL_DELAY", "0")  # no pause between answers in tests
     for name in ("RALPH_TEAM", "RALPH_AGENT", "RALPH_DURABLE", "RALPH_MAX_MESSAGE_BYTES"):
         monkeypatch.delenv(name, raising=False)
     return path
@@ -36,6 +37,7 @@ def cli_env(home: Path, **extra: str) -> dict[str, str]:
     """The environment for a ralph-mail subprocess using ``home``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RALPH_")}
     env["RALPH_HOME"] = str(home)
+    env["RALPH_CHANNEL_DELAY"] = "0"
     env.update(extra)
     return env
 

@@ -30,6 +30,7 @@ def ralph_env(home: Path, **extra: str) -> dict[str, str]:
     """The environment for a child using mailbox ``home`` (and no RALPH_* of ours)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RALPH_")}
     env["RALPH_HOME"] = str(home)
+    env["RALPH_CHANNEL_DELAY"] = "0"  # no pause between answers in tests
     # The script's directory (for examples: the venv's `ralph-mail`) comes first.
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.update(extra)

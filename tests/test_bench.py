@@ -18,9 +18,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = {
-    "send", "writers", "read", "wakeup", "ask", "conversation", "search", "cli", "fanout"
+    "send", "writers", "read", "wakeup", "ask", "conversation", "search", "channels", "mcp_server",
+    "cli", "fanout",
 }  # fmt: skip
 TARGETS = {
+    "mcp_send",
+    "mcp_check",
+    "mcp_send_peer",
+    "mcp_check_peer",
+    "run_start",
+    "run_exit",
+    "turn_overhead",
+    "channel_post",
+    "channel_read",
     "send_vs_peer",
     "send_vs_raw",
     "send_policy",

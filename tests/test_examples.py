@@ -65,10 +65,16 @@ def test_conversation_examples(tmp_path: Path, children: Children) -> None:
 
 def test_llm_team_example(tmp_path: Path, children: Children) -> None:
     """examples/llm_team: commands behind ralph-mail run answer a nested ask (the analyst
-    asks the data agent first, chain coordinator) and a delegation; nothing is left."""
+    asks the data agent first, chain coordinator), a delegation, and a standup post that
+    mentions three of them, in turn, each seeing the answers before it; nothing is left."""
     out = run_example("bash examples/llm_team/run.sh", tmp_path, children)
     assert (
         "analyst says: Q4 revenue grew 14% to 2.4M (revenue Q4: 2.4M (Q3: 2.1M); chain coordinator)"
     ) in out
     assert "writer says: Draft saved: 'Draft the Q4 update' in 3 paragraphs" in out
     assert "T-1  Draft the Q4 update  writer  completed" in out
+    standup = [line for line in out.splitlines() if "-> #standup" in line]
+    assert [line.split()[1] for line in standup] == ["coordinator", "writer", "analyst", "data"]
+    assert "drafting the Q4 update (after: no one)" in standup[1]
+    assert "checking the Q4 numbers (after: writer)" in standup[2]
+    assert "idle: ask me for numbers (after: writer, analyst)" in standup[3]

@@ -20,10 +20,10 @@ ECHO = 'echo "$RALPH_PATTERN from $RALPH_FROM ($RALPH_CHAIN): $(tail -n 1)"'
 
 
 def runner(
-    procs: Processes, home: Path, agent: str, script: str, *options: str
+    procs: Processes, home: Path, agent: str, script: str, *options: str, team: str = "demo"
 ) -> subprocess.Popen[bytes]:
     """``ralph-mail run --agent AGENT OPTIONS -- sh -c SCRIPT``, once it is online."""
-    env = cli_env(home, RALPH_TEAM="demo")
+    env = cli_env(home, RALPH_TEAM=team)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     child = subprocess.Popen(
         [sys.executable, "-m", "ralph_mail", "run", "--agent", agent, *options, "--",

@@ -273,3 +273,44 @@ def test_search_finds_words_newest_first_archived_too(store: TeamStore) -> None:
     assert store.search(Query("nothing-like-this")) == []
     with pytest.raises(MailError, match="NUL"):
         store.search(Query("a\x00b"))
+
+
+def test_a_channel_log_is_an_inbox_with_a_cursor_per_member(store: TeamStore) -> None:
+    """``#NAME`` is made by create_log (once), appended and read like an inbox; each member
+    has its own cursor ``#NAME@MEMBER``; compaction keeps what the least advanced member
+    has not read, and a dropped cursor holds nothing back."""
+    store.create_log("#general")
+    with pytest.raises(FileExistsError):
+        store.create_log("#general")
+    _, first = store.append("#general", *line("one"))
+    _, second = store.append("#general", *line("two"))
+    assert [b'"one"' in x for x in lines_from(store, "#general")] == [True, False]
+    assert store.load_cursor("#general@a") == Cursor(0)
+    store.save_cursor("#general@a", Cursor(second))
+    store.save_cursor("#general@b", Cursor(first))
+    assert store.load_cursor("#general@a") == Cursor(second)
+    assert store.compact("#general").removed == 0  # b read nothing yet
+    store.drop_cursor("#general@b")
+    assert store.compact("#general").removed == second
+    assert lines_from(store, "#general", second)[0].endswith(b"}") and store.size("#general") > 0
+    assert store.size("a") == 0  # the inboxes are untouched
+
+
+def test_waiter_wakes_on_a_channel_and_a_team_log(store: TeamStore) -> None:
+    """A waiter on ``#NAME`` wakes on a post; one on ``log:NAME`` on a team log record;
+    neither wakes for an inbox."""
+    store.create_log("#general")
+    for key, write in (
+        ("#general", lambda: store.append("#general", *line("post"))),
+        ("log:passes", lambda: store.log_append("passes", b'{"n":1}\n')),
+    ):
+        waiter = store.waiter([key])
+        try:
+            store.append("a", *line("not for it"))
+            assert not waiter.wait(0.1)
+            timer = threading.Timer(0.05, write)
+            timer.start()
+            assert waiter.wait(30.0), key
+            timer.join()
+        finally:
+            waiter.close()

@@ -2,8 +2,9 @@
 # A team whose members are commands behind `ralph-mail run`: here a small scripted
 # "model" (model.py), in real life `claude -p`, `llm` or any script. The coordinator
 # asks the analyst, which asks the data agent before it answers (a nested ask, depth
-# 2), then delegates a draft to the writer and gets the result back. Runs in a
-# temporary mailbox home that is removed at the end:
+# 2), then delegates a draft to the writer and gets the result back; last, a standup
+# post in a channel mentions three of them, who answer in turn, each after the one
+# before. Runs in a temporary mailbox home that is removed at the end:
 #
 #   bash examples/llm_team/run.sh
 set -euo pipefail
@@ -36,3 +37,11 @@ export RALPH_AGENT=coordinator
 echo "analyst says: $(ralph-mail ask analyst 'How did Q4 revenue go?' --context 'board deck' --timeout 60)"
 echo "writer says: $(ralph-mail delegate writer 'Draft the Q4 update' --id T-1 --wait 60)"
 ralph-mail tasks
+
+ralph-mail channel create standup --all >/dev/null
+ralph-mail channel post standup 'Standup: @writer @analyst @data what are you on?' >/dev/null
+for _ in $(seq 1200); do # three answers, one after another (60 s at most)
+  [ "$(ralph-mail channel history standup --json | grep -c '"reply_to"')" -ge 3 ] && break
+  sleep 0.05
+done
+ralph-mail channel history standup

@@ -55,6 +55,7 @@ def command(action: Callable[[], int | None]) -> None:
 def full_app() -> Group:
     """The app with every command registered (each command module registers on import)."""
     from ralph_mail.cli import (  # noqa: F401
+        channels,
         conversation,
         governance,
         mail,

@@ -549,7 +549,8 @@ def team_config(
     key: Annotated[
         str | None,
         Argument(
-            help="max_depth, max_internal_exchanges, presence_timeout or channel_delay "
+            help="max_depth, max_internal_exchanges, presence_timeout, channel_delay or "
+            "channel_turn_timeout "
             "[default: show them all].",
             metavar="KEY",
         ),

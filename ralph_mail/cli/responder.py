@@ -35,9 +35,10 @@ def run(
     team: TeamName = None,
     agent: Agent = None,
 ) -> None:
-    """Answer as AGENT with a command: each request and delegation runs it once, with the
-    conversation on its stdin; its stdout is the reply or the task's result (a non-zero
-    exit or a timeout sends the error). Ctrl-C or SIGTERM: finish running jobs, exit 0.
+    """Answer as AGENT with a command: each request, delegation and channel mention runs it
+    once, with the conversation on its stdin; its stdout is the reply, the task's result or
+    the answer in the channel (a non-zero exit or a timeout sends the error; a mention's
+    turn passes). Ctrl-C or SIGTERM: finish running jobs, exit 0.
 
     \b
     Example:
@@ -66,6 +67,34 @@ def run(
                     runner.serve(stop)  # lets running jobs finish, then returns
         finally:
             signal.signal(signal.SIGTERM, previous)
+        return 0
+
+    command(action)
+
+
+@app.command("mcp")
+def mcp(home: Home = None, team: TeamName = None, agent: Agent = None) -> None:
+    """Serve AGENT's mailbox to an MCP client on stdio (Claude Code, Codex, ...): ask,
+    delegate, notify, the inbox, channels, history, search and the lead's protocols as
+    tools. Needs the mcp extra: pip install 'ralph_mail[mcp]'.
+
+    \b
+    Example:
+      claude mcp add writer -e RALPH_TEAM=demo -e RALPH_AGENT=writer -- ralph-mail mcp
+      ralph-mail mcp --team demo --agent writer
+    """
+
+    def action() -> int:
+        import importlib.util
+
+        from ralph_mail.errors import MailError
+
+        if importlib.util.find_spec("mcp") is None:
+            raise MailError("the MCP server needs the mcp extra: pip install 'ralph_mail[mcp]'")
+        from ralph_mail.mcp_server import serve
+
+        who = identity(home, team, agent)
+        serve(who.need_team(), who.need_agent(), home)
         return 0
 
     command(action)

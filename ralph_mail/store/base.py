@@ -5,6 +5,9 @@ alone; only a backend touches files (the file backend, `ralph_mail.store.files`)
 network. A second backend implements `Backend` and `TeamStore` and passes the contract
 suite (tests/test_store_contract.py), as huey's storage backends pass its StorageTests.
 
+Logs. An inbox is named by its agent; a channel's log by ``#NAME``: the same primitives
+keep both. A channel's compaction keeps what its least advanced member has not read.
+
 Offsets. An inbox is a log of lines addressed by *logical* byte offsets: they start at 0
 when the inbox is made and only grow, across compactions. A cursor is a floor (everything
 below it is consumed) plus the starts of lines consumed out of order above it. When an
@@ -153,7 +156,8 @@ class TeamStore(Protocol):
         ``(agent, offset, length)``: O(count), whatever else the team holds."""
 
     def load_cursor(self, agent: str) -> Cursor:
-        """The owner's persisted cursor (the inbox start when it never committed)."""
+        """The owner's persisted cursor (the inbox start when it never committed);
+        ``#NAME@MEMBER``: a member's cursor in channel NAME's log."""
 
     def save_cursor(self, agent: str, cursor: Cursor) -> None:
         """Persist ``cursor``: afterwards a crash leaves the old cursor or this one."""
@@ -188,7 +192,15 @@ class TeamStore(Protocol):
         """Bytes below ``floor`` still kept: a cheap test of whether to compact."""
 
     def waiter(self, agents: list[str]) -> Waiter:
-        """A `Waiter` woken by changes to these agents' inboxes only."""
+        """A `Waiter` woken by changes to these inboxes only (``#NAME``: a channel's log;
+        ``log:NAME``: a team log)."""
+
+    def create_log(self, key: str) -> None:
+        """Make the empty log ``key`` (a channel: ``#NAME``); `FileExistsError` when it
+        exists. Every inbox primitive then takes ``key`` as an agent's name."""
+
+    def drop_cursor(self, key: str) -> None:
+        """Forget cursor ``key`` (a member leaving a channel); nothing when there is none."""
 
     def log_append(self, name: str, record: bytes) -> None:
         """Append one record (a line, newline included) to the team log ``name`` (the

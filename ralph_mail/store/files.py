@@ -31,6 +31,7 @@ from ralph_mail.store.inbox import READ_MAX_BYTES, InboxLog, InboxState
 from ralph_mail.store.layout import (
     TeamDirs,
     create_team_files,
+    log_place,
     read_roster,
     remove_team_files,
     team_names,
@@ -126,7 +127,7 @@ class FileStore:
         return self.dirs.root
 
     def inbox_path(self, agent: str) -> Path:
-        return self.dirs.path("mailbox", f"{agent}.jsonl")
+        return self.dirs.path(*log_place(agent))
 
     def cursor_path(self, agent: str) -> Path:
         return self.dirs.path("cursors", f"{agent}.cursor")
@@ -259,7 +260,7 @@ class FileStore:
                 raise StoreError(f"{path} is a symlink: refusing to follow it; remove it", path)
 
             def connect() -> sqlite3.Connection:
-                db = sqlite3.connect(str(path), timeout=30.0)
+                db = sqlite3.connect(str(path), timeout=30.0, check_same_thread=False)
                 os.chmod(path, FILE_MODE)
                 return db
 
@@ -267,9 +268,13 @@ class FileStore:
         return self._search
 
     def _members(self) -> list[str]:
-        """Every inbox of the team (a former member's too), by name."""
+        """Every inbox of the team (a former member's too), by name, then every channel."""
         names = sorted(n[:-6] for n in os.listdir(self.dirs.get("mailbox")) if n.endswith(".jsonl"))
-        return [name for name in names if _NAME_OK.fullmatch(name)]
+        channels = sorted(n[:-6] for n in os.listdir(self.dirs.get("channels"))
+                          if n.endswith(".jsonl"))  # fmt: skip
+        return [name for name in names if _NAME_OK.fullmatch(name)] + [
+            f"#{name}" for name in channels if _NAME_OK.fullmatch(name)
+        ]
 
     def purge_archive(self, agent: str, before: str, *, timeout: float = 0.0) -> int:
         """Drop ``agent``'s archived messages older than ``before`` (a ts); return where
@@ -352,13 +357,38 @@ class FileStore:
         log = self._log(agent)
 
         def floor_of(inode: int) -> int | None:
-            floor, cursor_inode, _ = self._load_cursor(agent)
-            return floor if log.follows(cursor_inode, inode) else None
+            floors = []
+            for reader in self._readers(agent):
+                floor, cursor_inode, _ = self._load_cursor(reader)
+                if not log.follows(cursor_inode, inode):
+                    return None
+                floors.append(floor)
+            return min(floors, default=None)
 
         try:
             return log.compact(floor_of, min_bytes, timeout, self.durable, drop_before)
         except OSError as exc:
             raise store_error(exc, f"inbox {self.inbox_path(agent)}", "compact") from None
+
+    def _readers(self, key: str) -> list[str]:
+        """Whose cursors in log ``key`` hold what may be dropped: its owner (an inbox), or
+        every member with a cursor in it (a channel)."""
+        if not key.startswith("#"):
+            return [key]
+        prefix = f"{key}@"
+        return [n[:-7] for n in os.listdir(self.dirs.get("cursors"))
+                if n.startswith(prefix) and n.endswith(".cursor")]  # fmt: skip
+
+    def drop_cursor(self, key: str) -> None:
+        slots = self._cursors.pop(key, None)
+        if slots is not None:
+            slots.close()
+        try:
+            os.unlink(f"{key}.cursor", dir_fd=self.dirs.get("cursors"))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise store_error(exc, str(self.cursor_path(key)), "remove") from None
 
     def inbox_state(self, agent: str) -> InboxState:
         """Size, base, and whether the inbox is locked now or ends in a torn line."""
@@ -368,9 +398,26 @@ class FileStore:
             raise store_error(exc, f"inbox {self.inbox_path(agent)}", "read") from None
 
     def waiter(self, agents: list[str]) -> Watcher:
-        """A watcher woken by changes to these agents' inboxes (and their replacement)."""
+        """A watcher woken by changes to these inboxes, channels (``#NAME``) and team logs
+        (``log:NAME``), and by their replacement."""
         self.dirs.get("mailbox", create=False)  # a missing or deleted team: a clear error now
-        return Watcher(self.dirs.path("mailbox"), [f"{agent}.jsonl" for agent in agents])
+        places: dict[str, list[str]] = {"mailbox": []}
+        for key in agents:
+            where, name = ("logs", f"{key[4:]}.jsonl") if key.startswith("log:") else log_place(key)
+            places.setdefault(where, []).append(name)
+            self.dirs.get(where)
+        mailbox = places.pop("mailbox")
+        more = {self.dirs.path(where): names for where, names in places.items()}
+        return Watcher(self.dirs.path("mailbox"), mailbox, more)
+
+    def create_log(self, key: str) -> None:
+        try:
+            where, name = log_place(key)
+            os.close(open_file(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, self.dirs.get(where)))
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            raise store_error(exc, str(self.inbox_path(key)), "create") from None
 
     # -- cursors ---------------------------------------------------------------------------
 
@@ -420,7 +467,7 @@ class FileStore:
         the cursor belongs to an inbox that was since replaced)."""
         try:
             floor, inode, acked = self._load_cursor(agent)
-            log = self._log(agent)
+            log = self._log(agent.partition("@")[0])
             current, base = log.current()
             # The cursor belongs to this inbox when gc's record links the two, or when the
             # inbox's offsets go on from it (a gc under way may have rewritten the record).
@@ -448,7 +495,7 @@ class FileStore:
         """
         acked = sorted(cursor.acked)
         try:
-            inode = self._log(agent).current_inode()
+            inode = self._log(agent.partition("@")[0]).current_inode()
             payload = _CURSOR.pack(cursor.floor, inode, len(acked)) + struct.pack(
                 f"<{len(acked)}q", *acked
             )

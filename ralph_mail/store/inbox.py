@@ -42,7 +42,7 @@ from ralph_mail.message import format_ts, last_ts
 from ralph_mail.settings import TAIL_CHUNK_BYTES
 from ralph_mail.store.archive import Archive
 from ralph_mail.store.base import Compaction
-from ralph_mail.store.layout import TeamDirs
+from ralph_mail.store.layout import TeamDirs, log_place
 from ralph_mail.store.posix import (
     copy_range,
     open_file,
@@ -111,8 +111,8 @@ class InboxLog:
     def __init__(self, dirs: TeamDirs, agent: str, dead_letter: DeadLetter) -> None:
         self.dirs = dirs
         self.agent = agent
-        self.name = f"{agent}.jsonl"
-        self.path = dirs.path("mailbox", self.name)
+        self.where, self.name = log_place(agent)
+        self.path = dirs.path(self.where, self.name)
         self._dead_letter = dead_letter
         self._pid = os.getpid()
         self._writer = -1
@@ -125,12 +125,12 @@ class InboxLog:
 
     def _open(self, flags: int) -> int:
         try:
-            return open_file(self.name, flags, self.dirs.get("mailbox", create=False))
+            return open_file(self.name, flags, self.dirs.get(self.where, create=False))
         except FileNotFoundError:
             if self.dirs.replaced():  # deleted, and maybe made again: look at its path now
                 self.dirs.reopen()
                 try:
-                    return open_file(self.name, flags, self.dirs.get("mailbox", create=False))
+                    return open_file(self.name, flags, self.dirs.get(self.where, create=False))
                 except FileNotFoundError:
                     raise self.dirs.gone() from None
             raise StoreError(
@@ -493,7 +493,7 @@ class InboxLog:
         Archive(self.dirs, self.agent).append(fd, base, cut, drop_before)
         tmp_dir = self.dirs.get("tmp")
         tmp = f".{self.name}.{os.getpid()}.gc"
-        mailbox = self.dirs.get("mailbox", create=False)
+        mailbox = self.dirs.get(self.where, create=False)
         try:
             out = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, tmp_dir)
             try:

@@ -4,7 +4,9 @@ Layout of one team (``$RALPH_HOME/teams/<team>/``)::
 
     team.json                  roster (written once, by create_team)
     mailbox/<agent>.jsonl      one append-only inbox per agent: inboxes and nothing else
-    cursors/<agent>.cursor     the owner's read position (a slot file, see slots.py)
+    channels/<name>.jsonl      one append-only log per channel: its posts
+    cursors/<agent>.cursor     the owner's read position (a slot file, see slots.py);
+                               #<channel>@<member>.cursor: a member's in a channel
     consumers/<agent>.lock     held (flock) by the one process consuming that inbox
     presence/<agent>.slot      the agent's presence: state, until, last seen (a slot file)
     deadletters/<agent>.jsonl  lines set aside from that inbox, with the reason
@@ -43,8 +45,16 @@ from ralph_mail.store.slots import SlotFile
 #: The directories beside ``mailbox/``, made with the team.
 SUBDIRS = (
     "cursors", "consumers", "presence", "deadletters", "bases", "state", "index", "logs", "tmp",
-    "archive",
+    "archive", "channels",
 )  # fmt: skip
+
+
+def log_place(key: str) -> tuple[str, str]:
+    """The directory and file name of the log ``key`` names: an agent's inbox, or a
+    channel's log for ``#NAME`` (both logs with an inbox's guarantees)."""
+    if key.startswith("#"):
+        return "channels", f"{key[1:]}.jsonl"
+    return "mailbox", f"{key}.jsonl"
 
 
 def teams_dir(home: Path) -> Path:

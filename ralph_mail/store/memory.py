@@ -173,8 +173,8 @@ class MemoryStore:
         from ralph_mail.store.search import SearchIndex
 
         if self._search is None:
-            self._search = SearchIndex(lambda: sqlite3.connect(":memory:"), self.read_audit,
-                                       lambda: list(self._inboxes_now()))  # fmt: skip
+            connect = lambda: sqlite3.connect(":memory:", check_same_thread=False)  # noqa: E731
+            self._search = SearchIndex(connect, self.read_audit, lambda: list(self._inboxes_now()))
         found = self._search.search(query)
         lines = (self.read_line(inbox, offset, length) for inbox, offset, length in found)
         return [line for line in lines if line]
@@ -234,7 +234,9 @@ class MemoryStore:
 
     def load_cursor(self, agent: str) -> Cursor:
         with self.place.changed:
-            saved = self._team().cursors.get(agent, Cursor(self._inbox(agent).base))
+            saved = self._team().cursors.get(
+                agent, Cursor(self._inbox(agent.partition("@")[0]).base)
+            )
             return Cursor(saved.floor, set(saved.acked))
 
     def save_cursor(self, agent: str, cursor: Cursor) -> None:
@@ -267,7 +269,14 @@ class MemoryStore:
     ) -> Compaction:
         with self.place.changed:
             inbox = self._inbox(agent)
-            floor = self._team().cursors.get(agent, Cursor(inbox.base)).floor
+            cursors = self._team().cursors
+            readers = (
+                [agent]
+                if not agent.startswith("#")
+                else [key for key in cursors if key.startswith(f"{agent}@")]
+            )
+            floor = min((cursors.get(r, Cursor(inbox.base)).floor for r in readers),
+                        default=inbox.base)  # fmt: skip
             cut = floor - inbox.base
             if cut < max(min_bytes, 1):
                 return Compaction(agent, 0, len(inbox.data), inbox.base)
@@ -293,10 +302,22 @@ class MemoryStore:
     def waiter(self, agents: list[str]) -> _Waiter:
         return _Waiter(self, agents)
 
+    def create_log(self, key: str) -> None:
+        with self.place.changed:
+            inboxes = self._team().inboxes
+            if key in inboxes:
+                raise FileExistsError(key)
+            inboxes[key] = _Inbox()
+
+    def drop_cursor(self, key: str) -> None:
+        with self.place.changed:
+            self._team().cursors.pop(key, None)
+
     def log_append(self, name: str, record: bytes) -> None:
         check_name(name, "log name")
         with self.place.changed:
             self._team().logs.setdefault(name, bytearray()).extend(record)
+            self.place.changed.notify_all()
 
     def log_read(self, name: str) -> bytes:
         check_name(name, "log name")
@@ -358,7 +379,11 @@ class _Waiter:
         team = self._store.place.teams.get(self._store.team)
         if team is None:
             return ()
-        return tuple(team.inboxes[agent].version for agent in self._agents)
+        return tuple(
+            len(team.logs.get(key[4:], b"")) if key.startswith("log:")
+            else team.inboxes[key].version if key in team.inboxes else -1
+            for key in self._agents
+        )  # fmt: skip
 
     def wait(self, timeout: float, stop: StopEvent | None = None) -> bool:
         deadline = time.monotonic() + timeout

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -79,6 +80,9 @@ class SearchIndex:
         self._read = read_audit
         self._inboxes = inboxes
         self._db: sqlite3.Connection | None = None
+        # One statement at a time from any thread (the connection is made with
+        # check_same_thread=False: an MCP server's tools run on worker threads).
+        self._lock = threading.RLock()
 
     def _conn(self) -> sqlite3.Connection:
         if self._db is None:
@@ -89,6 +93,10 @@ class SearchIndex:
         return self._db
 
     def update(self) -> int:
+        with self._lock:
+            return self._update()
+
+    def _update(self) -> int:
         """Index what is new in every inbox's audit trail; return how many messages.
 
         Each batch is one IMMEDIATE transaction that reads how far the inbox is indexed,
@@ -143,6 +151,10 @@ class SearchIndex:
         return len(rows)
 
     def search(self, query: Query) -> list[tuple[str, int, int]]:
+        with self._lock:
+            return self._search(query)
+
+    def _search(self, query: Query) -> list[tuple[str, int, int]]:
         """Where the messages matching ``query`` are (inbox, offset, length: the store
         reads them back, so the index holds no copy of a message), newest first."""
         self.update()
@@ -168,6 +180,10 @@ class SearchIndex:
                 for inbox, offset, length in self._conn().execute(sql, params)]  # fmt: skip
 
     def forget_before(self, inbox: str, offset: int) -> None:
+        with self._lock:
+            return self._forget_before(inbox, offset)
+
+    def _forget_before(self, inbox: str, offset: int) -> None:
         """Drop the rows of ``inbox`` below ``offset`` (its archive was purged)."""
         db = self._conn()
         db.execute("BEGIN IMMEDIATE")
@@ -175,6 +191,10 @@ class SearchIndex:
         db.execute("COMMIT")
 
     def close(self) -> None:
+        with self._lock:
+            return self._close()
+
+    def _close(self) -> None:
         if self._db is not None:
             self._db.close()
             self._db = None

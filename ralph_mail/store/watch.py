@@ -28,6 +28,7 @@ import struct
 import time
 import warnings
 import weakref
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -40,6 +41,10 @@ from ralph_mail.settings import (
 
 if TYPE_CHECKING:
     from watchfiles._rust_notify import RustNotify
+
+
+#: Other directories a watcher looks at, each with the names of the files watched in it.
+Places = Mapping[Path, list[str]]
 
 
 class StopEvent(Protocol):
@@ -80,10 +85,10 @@ _EVENT = struct.Struct("iIII")
 
 
 class _Inotify:
-    """One inotify descriptor watching a directory (or some files in it), waited on with
-    poll(2)."""
+    """One inotify descriptor watching directories (or some files in each), waited on
+    with poll(2)."""
 
-    def __init__(self, directory: Path, names: list[str] | None) -> None:
+    def __init__(self, directory: Path, names: list[str] | None, more: Places) -> None:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
@@ -94,11 +99,15 @@ class _Inotify:
             raise OSError(error, f"inotify_init1: {os.strerror(error)}")
         self.fd = fd
         self._finalizer = weakref.finalize(self, os.close, fd)
-        self._directory = directory
-        self._names = None if names is None else {os.fsencode(name) for name in names}
-        self._dir_wd = self._add(directory, _MASK if names is None else _DIR_MASK)
-        for name in self._names or ():
-            self._add(directory / os.fsdecode(name), _FILE_MASK, missing_ok=True)
+        self._everything = names is None
+        # Directory watch -> (the directory, the names watched in it).
+        self._dirs: dict[int, tuple[Path, set[bytes]]] = {}
+        for place, wanted in [(directory, names or []), *more.items()]:
+            mask = _MASK if names is None else _DIR_MASK
+            encoded = {os.fsencode(name) for name in wanted}
+            self._dirs[self._add(place, mask)] = (place, encoded)
+            for name in wanted:
+                self._add(place / name, _FILE_MASK, missing_ok=True)
         self._poller = select.poll()
         self._poller.register(fd, select.POLLIN)
 
@@ -135,7 +144,7 @@ class _Inotify:
                 data += chunk
         except BlockingIOError:
             pass
-        if self._names is None:
+        if self._everything:
             return True
         relevant = False
         position = 0
@@ -143,26 +152,27 @@ class _Inotify:
             wd, mask, _, length = _EVENT.unpack_from(data, position)
             name = data[position + _EVENT.size : position + _EVENT.size + length].rstrip(b"\0")
             position += _EVENT.size + length
-            if wd != self._dir_wd:
-                relevant = True  # a watched inbox changed, or the queue overflowed (wd -1)
-            elif not name or name in self._names:
-                relevant = True  # the directory itself went, or an inbox was replaced
+            place = self._dirs.get(wd)
+            if place is None:
+                relevant = True  # a watched file changed, or the queue overflowed (wd -1)
+            elif not name or name in place[1]:
+                relevant = True  # the directory itself went, or a file was replaced
                 if name and mask & (_IN_MOVED_TO | _IN_CREATE):
-                    self._add(self._directory / os.fsdecode(name), _FILE_MASK, missing_ok=True)
+                    self._add(place[0] / os.fsdecode(name), _FILE_MASK, missing_ok=True)
         return relevant
 
     def close(self) -> None:
         self._finalizer()
 
 
-def _notify(cls: type[RustNotify], directory: Path, polling: bool) -> RustNotify:
+def _notify(cls: type[RustNotify], paths: list[str], polling: bool) -> RustNotify:
     # Arguments: paths, debug, force_polling, poll_delay_ms, recursive, ignore_permission_denied.
-    return cls([str(directory)], False, polling, WATCH_POLL_DELAY_MS, False, False)
+    return cls(paths, False, polling, WATCH_POLL_DELAY_MS, False, False)
 
 
 class Watcher:
-    """Wakes when ``names`` in ``directory`` change (anything in it with None); started at
-    construction.
+    """Wakes when ``names`` in ``directory`` change (anything in it with None), or the
+    names ``more`` gives for other directories; started at construction.
 
     Changes that happen between two `wait` calls are kept (in the kernel's inotify queue,
     or watchfiles' Rust thread) and reported by the next call, so nothing that arrives
@@ -175,13 +185,16 @@ class Watcher:
         True
     """
 
-    def __init__(self, directory: Path, names: list[str] | None = None) -> None:
+    def __init__(
+        self, directory: Path, names: list[str] | None = None, more: Places | None = None
+    ) -> None:
         self.polling = _force_polling()
         self._inotify: _Inotify | None = None
         self._notify: RustNotify | None = None
+        self._paths = [str(directory), *map(str, more or {})]
         if not self.polling:
             try:
-                self._inotify = _Inotify(directory, names)
+                self._inotify = _Inotify(directory, names, more or {})
                 return
             except AttributeError:  # no inotify in this libc: watchfiles' native events
                 pass
@@ -203,7 +216,7 @@ class Watcher:
         from watchfiles._rust_notify import RustNotify  # 30 ms of import, only when needed
 
         try:
-            self._notify = _notify(RustNotify, directory, self.polling)
+            self._notify = _notify(RustNotify, self._paths, self.polling)
             return
         except Exception as exc:
             if self.polling:
@@ -211,7 +224,7 @@ class Watcher:
                 return
             self._warn(directory, exc)
         try:
-            self._notify = _notify(RustNotify, directory, True)
+            self._notify = _notify(RustNotify, self._paths, True)
         except Exception:
             self._notify = None
 

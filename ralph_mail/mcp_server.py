@@ -1,0 +1,354 @@
+"""`ralph-mail mcp`: one agent's mailbox as MCP tools, on stdio (DESIGN §12.1).
+
+An LLM agent (Claude Code, Codex, any MCP client) reaches its team through these tools,
+named and shaped as the seeds name them (OpenCompany's ``contact_agent``, Chorus's
+``send_to_agent``, ``request_from_agent`` and ``list_agents``), plus the inbox, channels,
+history, search and the lead's protocols. The agent is online while the server runs (it
+consumes the inbox); the team's policy, approvals, rates (10 a minute when the policy
+sets none), depth and presence apply as everywhere, and every refusal comes back as a
+tool error whose text is the one-line message.
+
+Blocking calls (an ask, a wait) run on worker threads; a client that cancels a call
+stops its wait, and what was sent stays sent. Nothing but the protocol goes to stdout.
+
+Example:
+    >>> serve("demo", "analyst")    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Final, Literal, TypeVar
+
+import anyio
+from mcp.server.mcpserver import MCPServer
+from mcp.types import CallToolResult, TextContent
+
+from ralph_mail import protocol
+from ralph_mail.bus import MessageBus
+from ralph_mail.errors import MailError
+from ralph_mail.message import Message, MessageType
+
+_T = TypeVar("_T")
+_F = TypeVar("_F", bound=Callable[..., object])
+#: A tool's priority parameter (module level: the SDK reads the annotations by name).
+Priority = Literal["low", "normal", "high", "urgent"] | None
+
+#: What the server tells the model once, in the initialize result.
+INSTRUCTIONS: Final = (
+    "You are one agent of a team that talks through a shared mailbox. Use ask for a "
+    "quick answer you wait for, delegate for work that takes a while (its result comes "
+    "to check_inbox), notify for news that needs no answer. Call check_inbox between "
+    "steps: it returns requests to reply to, tasks to complete and results."
+)
+#: How many delivered messages `reply` and `respond_shutdown` can still name.
+_REMEMBERED: Final = 1000
+
+
+class Mailbox:
+    """What the tools do, on one agent's bus (thread-safe: one call at a time, but the
+    wait of an ask or a check, so a cancelled call never holds the others up)."""
+
+    def __init__(self, team: str, agent: str, home: str | os.PathLike[str] | None = None) -> None:
+        self.bus = MessageBus(team, agent, home, default_rate=10)
+        self._lock = threading.RLock()
+        self._seen: OrderedDict[str, Message] = OrderedDict()  # delivered, by id
+        self._asking = threading.local()
+
+    def start(self) -> None:
+        """Claim the inbox (a second consumer is refused) and say so: online, idle."""
+        with self._lock:
+            self.bus.peek()
+            self.bus.set_presence("idle")
+
+    def close(self) -> None:
+        with self._lock:
+            self.bus.close()
+
+    def _locked(self, action: Callable[[], _T]) -> _T:
+        with self._lock:
+            return action()
+
+    # -- contact --------------------------------------------------------------------------
+
+    def contact(self, action: str, to: str, message: str, context: str | None,
+                priority: str | None, stop: threading.Event) -> str:  # fmt: skip
+        if action == "ask":
+            return self.ask(to, message, context, priority, 120.0, stop)
+        if action == "delegate":
+            task = self._locked(lambda: self.bus.delegate(to, message, context=context,
+                                                          priority=priority))  # fmt: skip
+            return (f"Delegated to {to} (subtask {task.id}). You'll receive the result "
+                    f"automatically when {to} finishes.")  # fmt: skip
+        if action == "notify":
+            self._locked(lambda: self.bus.send(to, MessageType.TEXT, message, priority=priority))
+            return f"Notification sent to {to}."
+        raise MailError(f"invalid action {action!r}: use ask, delegate or notify")
+
+    def ask(self, to: str, question: str, context: str | None, priority: str | None,
+            timeout: float, stop: threading.Event) -> str:  # fmt: skip
+        reply = self.bus.ask(to, question, context=context, priority=priority,
+                             timeout=timeout, stop=stop)  # fmt: skip
+        error = reply.metadata.get("error")
+        if error:
+            raise MailError(f"{to} could not answer: {error}")
+        return f"Response from {to}: {reply.content}"
+
+    def send(self, to: str, text: str) -> str:
+        self._locked(lambda: self.bus.send(to, MessageType.TEXT, text))
+        return f"Message sent to {to}."
+
+    def agents(self) -> str:
+        found = self._locked(lambda: self.bus.agents())
+        lines = [f"{a.name} ({a.role}, {a.presence})" + (f": {a.description}" if a.description
+                 else "") for a in found]  # fmt: skip
+        return "\n".join(lines) or "No teammates."
+
+    # -- the inbox ------------------------------------------------------------------------
+
+    def check(self, wait: float, stop: threading.Event) -> str:
+        """New messages, consumed once they are in the answer."""
+        with self._lock:
+            found = self.bus.peek()
+        if not found and wait > 0:
+            found = self.bus.wait_for_messages(wait, stop=stop, consume=False)
+        with self._lock:
+            shown = [m for m in self.bus.peek() if any(m.id == f.id for f in found)]
+            if not shown:
+                return "No new messages."
+            text = "\n\n".join(describe(m) for m in shown)
+            self.bus.commit(shown[-1])
+            for message in shown:
+                self._seen[message.id] = message
+                self._seen.move_to_end(message.id)
+            while len(self._seen) > _REMEMBERED:
+                self._seen.popitem(last=False)
+        return text
+
+    def _delivered(self, message_id: str) -> Message:
+        found = self._seen.get(message_id)
+        if found is None:
+            raise MailError(
+                f"unknown message_id {message_id!r}: answer a message check_inbox returned"
+            )
+        return found
+
+    def reply(self, message_id: str, content: str) -> str:
+        with self._lock:
+            message = self._delivered(message_id)
+            self.bus.reply(message, content)
+        return f"Replied to {message.from_agent}."
+
+    def finish(self, task_id: str, text: str, failed: bool) -> str:
+        with self._lock:
+            task = self.bus.fail(task_id, text) if failed else self.bus.complete(task_id, text)
+        return (f"Task {task.id} {'failed' if failed else 'completed'}; "
+                f"{task.delegated_by} gets the result.")  # fmt: skip
+
+    # -- channels, history, search --------------------------------------------------------
+
+    def post(self, channel: str, content: str) -> str:
+        post = self._locked(lambda: self.bus.channel_post(channel, content))
+        return f"Posted in {post.to_agent} (id {post.id})."
+
+    def read_channel(self, channel: str, limit: int) -> str:
+        with self._lock:
+            posts = self.bus.channel_history(channel, limit)
+            self.bus.channel_read(channel)
+        return "\n".join(line(p) for p in posts) or "No posts yet."
+
+    def history(self, agent: str, limit: int) -> str:
+        found = self._locked(lambda: self.bus.history(agent, limit))
+        return "\n".join(line(m) for m in found) or f"No messages with {agent} yet."
+
+    def search(self, query: str, from_agent: str | None, limit: int) -> str:
+        found = self._locked(lambda: self.bus.search(query, from_agent=from_agent, limit=limit))
+        return "\n".join(line(m) for m in found) or "Nothing found."
+
+    # -- the lead's protocols -------------------------------------------------------------
+
+    def report_status(self, text: str, state: str | None, progress: float | None) -> str:
+        metadata = protocol.status_metadata(state or "working", None, progress)
+        lead = self.bus.team.lead
+        self._locked(lambda: self.bus.send(lead, MessageType.STATUS_UPDATE, text, metadata))
+        return f"Status sent to {lead}."
+
+    def submit_plan(self, plan: str, wait: float, stop: threading.Event) -> str:
+        lead = self.bus.team.lead
+        sent = self._locked(lambda: self.bus.send(lead, MessageType.PLAN_SUBMISSION, plan))
+        if wait <= 0:
+            return f"Plan sent to {lead}; its answer comes to check_inbox."
+        answer = self.bus.wait_for_message(MessageType.PLAN_APPROVAL, wait, stop=stop)
+        if answer is None:
+            return f"Plan sent to {lead}; no answer in {wait:g} s: it comes to check_inbox."
+        if answer.reply_to != sent.id:  # an answer to an earlier plan: give it back
+            self._seen[answer.id] = answer
+        approved, feedback = protocol.parse_plan_approval(answer)
+        verdict = "approved" if approved else "rejected"
+        return f"Plan {verdict} by {lead}" + (f": {feedback}" if feedback else ".")
+
+    def respond_shutdown(self, accept: bool, reason: str | None) -> str:
+        with self._lock:
+            requests = [m for m in self._seen.values() if m.type == MessageType.SHUTDOWN_REQUEST]
+            requests += [m for m in self.bus.peek() if m.type == MessageType.SHUTDOWN_REQUEST]
+            if not requests:
+                raise MailError(
+                    "no shutdown request to answer: check_inbox shows one when it comes"
+                )
+            request = requests[-1]
+            metadata = {protocol.ACCEPTED: "true" if accept else "false"}
+            self.bus.send(request.from_agent, MessageType.SHUTDOWN_RESPONSE,
+                          reason or ("shutting down" if accept else "not now"), metadata,
+                          reply_to=request.id)  # fmt: skip
+            if request.id not in self._seen:
+                self.bus.consume(request)
+            self._seen.pop(request.id, None)
+        return f"Shutdown {'accepted' if accept else 'declined'}."
+
+
+def line(message: Message) -> str:
+    """One message as a line of history: time, who, what."""
+    return f"{message.ts[:16].replace('T', ' ')} [{message.from_agent}] {message.content}"
+
+
+def describe(message: Message) -> str:
+    """A delivered message as the model reads it: what it is, from whom, how to answer."""
+    meta, kind, who = message.metadata, message.type, message.from_agent
+    if kind == MessageType.REQUEST:
+        head = f"Request {message.id} from {who} (answer with reply)"
+        if meta.get("context"):
+            head += f"\nContext: {meta['context']}"
+    elif kind == MessageType.TASK_ASSIGNMENT:
+        head = f"Task {meta.get('taskId', '')} from {who} (finish with complete_task or fail_task)"
+    elif kind == MessageType.TASK_RESULT:
+        head = f"Result of {meta.get('taskId', '')} from {who} ({meta.get('status', 'done')})"
+    elif kind == MessageType.MENTION:
+        head = f"{who} mentioned you in #{meta.get('channel', '')} (answer with post_to_channel)"
+    else:
+        head = f"{kind} {message.id} from {who}"
+    return f"{head}:\n{message.content}"
+
+
+def build(team: str, agent: str, home: str | os.PathLike[str] | None = None,
+          ) -> tuple[MCPServer, Mailbox]:  # fmt: skip
+    """The MCP server of ``agent`` and the mailbox behind it (call ``mailbox.start()``
+    before serving, ``mailbox.close()`` after)."""
+    box = Mailbox(team, agent, home)
+    server: MCPServer = MCPServer("ralph-mail", instructions=INSTRUCTIONS)
+
+    def tool(fn: _F) -> _F:
+        """Register ``fn`` as a tool, its docstring on one line as its description."""
+        return server.tool(description=" ".join((fn.__doc__ or "").split()))(fn)
+
+    async def call(action: Callable[[threading.Event], str]) -> CallToolResult:
+        """Run ``action`` on a worker thread; a cancelled call stops its wait. A refusal
+        is an error result whose text is the one-line message (the SDK's ToolError would
+        put "Error executing tool NAME:" before it)."""
+        stop = threading.Event()
+        try:
+            text = await anyio.to_thread.run_sync(action, stop, abandon_on_cancel=True)
+        except MailError as exc:
+            return CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
+        finally:
+            stop.set()
+        return CallToolResult(content=[TextContent(type="text", text=text)])
+
+    @tool
+    async def contact_agent(action: Literal["ask", "delegate", "notify"], agentId: str,
+                            message: str, context: str | None = None,
+                            priority: Priority = None) -> CallToolResult:  # fmt: skip
+        """Reach a teammate. ask: a quick question; waits for the answer. delegate: work
+        that takes a while; its result comes to check_inbox. notify: news, no answer."""
+        return await call(lambda s: box.contact(action, agentId, message, context, priority, s))
+
+    @tool
+    async def send_to_agent(target_agent: str, message: str) -> CallToolResult:
+        """Send a teammate a message that needs no answer."""
+        return await call(lambda _: box.send(target_agent, message))
+
+    @tool
+    async def request_from_agent(target_agent: str, task_description: str,
+                                 timeout: float = 120.0) -> CallToolResult:  # fmt: skip
+        """Ask a teammate and wait up to timeout seconds for the answer."""
+        return await call(lambda s: box.ask(target_agent, task_description, None, None,
+                                            timeout, s))  # fmt: skip
+
+    @tool
+    async def list_agents() -> CallToolResult:
+        """The teammates: name, role, presence, what they do."""
+        return await call(lambda _: box.agents())
+
+    @tool
+    async def check_inbox(wait_seconds: float = 0.0) -> CallToolResult:
+        """New messages (requests, tasks, results, mentions, notes), waiting up to
+        wait_seconds for one. Each is returned once."""
+        return await call(lambda s: box.check(wait_seconds, s))
+
+    @tool
+    async def reply(message_id: str, content: str) -> CallToolResult:
+        """Answer a request check_inbox returned."""
+        return await call(lambda _: box.reply(message_id, content))
+
+    @tool
+    async def complete_task(task_id: str, result: str) -> CallToolResult:
+        """Finish a delegated task; its delegator gets the result."""
+        return await call(lambda _: box.finish(task_id, result, False))
+
+    @tool
+    async def fail_task(task_id: str, error: str) -> CallToolResult:
+        """Give up a delegated task, saying why."""
+        return await call(lambda _: box.finish(task_id, error, True))
+
+    @tool
+    async def post_to_channel(channel: str, content: str) -> CallToolResult:
+        """Post in a channel; @name asks that member to answer, @all everyone."""
+        return await call(lambda _: box.post(channel, content))
+
+    @tool
+    async def read_channel(channel: str, limit: int = 20) -> CallToolResult:
+        """The last posts of a channel, oldest first."""
+        return await call(lambda _: box.read_channel(channel, limit))
+
+    @tool
+    async def conversation_history(agent: str, limit: int = 20) -> CallToolResult:
+        """The last messages between you and a teammate, oldest first."""
+        return await call(lambda _: box.history(agent, limit))
+
+    @tool
+    async def search_messages(
+        query: str, from_agent: str | None = None, limit: int = 20
+    ) -> CallToolResult:
+        """Search every message of the team (words), newest first."""
+        return await call(lambda _: box.search(query, from_agent, limit))
+
+    @tool
+    async def report_status(text: str, state: str | None = None,
+                            progress: float | None = None) -> CallToolResult:  # fmt: skip
+        """Tell the lead how you are doing (state: idle, working, blocked, done, failed;
+        progress 0 to 1)."""
+        return await call(lambda _: box.report_status(text, state, progress))
+
+    @tool
+    async def submit_plan(plan: str, wait_seconds: float = 0.0) -> CallToolResult:
+        """Send the lead your plan; wait up to wait_seconds for approval."""
+        return await call(lambda s: box.submit_plan(plan, wait_seconds, s))
+
+    @tool
+    async def respond_shutdown(accept: bool, reason: str | None = None) -> CallToolResult:
+        """Answer the lead's shutdown request: accept to stop, or say why not yet."""
+        return await call(lambda _: box.respond_shutdown(accept, reason))
+
+    return server, box
+
+
+def serve(team: str, agent: str, home: str | os.PathLike[str] | None = None) -> None:
+    """Serve ``agent``'s mailbox on stdio until the client goes away."""
+    server, box = build(team, agent, home)
+    box.start()
+    try:
+        server.run("stdio")
+    finally:
+        box.close()

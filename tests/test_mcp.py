@@ -1,0 +1,299 @@
+"""`ralph-mail mcp`: the mailbox as MCP tools, driven with the official client, in
+process and over a real stdio subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import anyio
+from conftest import BOUND_S, Processes, cli_env, ralph
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.types import CallToolResult
+
+from ralph_mail import MessageBus, MessageType
+from ralph_mail.mcp_server import build
+
+TOOLS = {
+    "contact_agent", "send_to_agent", "request_from_agent", "list_agents", "check_inbox",
+    "reply", "complete_task", "fail_task", "post_to_channel", "read_channel",
+    "conversation_history", "search_messages", "report_status", "submit_plan",
+    "respond_shutdown",
+}  # fmt: skip
+
+
+def text(result: CallToolResult) -> str:
+    (block,) = result.content
+    return block.text  # type: ignore[union-attr]
+
+
+def refused(result: CallToolResult) -> str:
+    """The one-line message of an error result (never the SDK's generic wrapper)."""
+    assert result.is_error, text(result)
+    message = text(result)
+    assert "\n" not in message and not message.startswith("Error executing tool"), message
+    return message
+
+
+def run_in_client(
+    home: Path, agent: str, body: Callable[[Client], Coroutine[Any, Any, None]]
+) -> None:
+    """Serve ``agent`` of team 'demo' in process and run ``body`` with a client on it."""
+
+    async def main() -> None:
+        server, box = build("demo", agent, home)
+        box.start()
+        try:
+            async with Client(server) as client:
+                await body(client)
+        finally:
+            box.close()
+
+    anyio.run(main)
+
+
+def in_thread(action: Callable[[], object]) -> threading.Thread:
+    thread = threading.Thread(target=action, daemon=True)
+    thread.start()
+    return thread
+
+
+def answering(
+    home: Path, agent: str, answer: Callable[[MessageBus, Any], None]
+) -> threading.Thread:
+    """A thread that is ``agent``: it waits for one request and answers it."""
+    bus = MessageBus("demo", agent, home)
+    bus.set_presence("idle")
+
+    def serve() -> None:
+        found = bus.wait_for_message(MessageType.REQUEST, BOUND_S)
+        assert found is not None
+        answer(bus, found)
+        bus.close()
+
+    return in_thread(serve)
+
+
+def test_the_tool_list_is_complete_and_small(team: object, home: Path) -> None:
+    """Every §12.1 tool is there, and the whole tools/list result stays under 12,000
+    characters (about 3k tokens); each description is one line."""
+
+    async def body(client: Client) -> None:
+        listed = await client.list_tools()
+        assert {tool.name for tool in listed.tools} == TOOLS
+        size = len(json.dumps(listed.model_dump(mode="json", by_alias=True, exclude_none=True)))
+        assert size < 12_000, size
+        assert all("\n" not in (tool.description or "\n") for tool in listed.tools)
+
+    run_in_client(home, "worker-1", body)
+
+
+def test_contact_agent_asks_delegates_and_notifies(team: object, home: Path) -> None:
+    """The seeds' result texts; an ask waits for the reply; refusals are one line."""
+    replier = answering(home, "worker-2", lambda bus, m: bus.reply(m, "42"))
+
+    async def body(client: Client) -> None:
+        asked = await client.call_tool("contact_agent", {"action": "ask", "agentId": "worker-2",
+                                                          "message": "6x7?"})  # fmt: skip
+        assert text(asked) == "Response from worker-2: 42"
+        delegated = await client.call_tool("contact_agent", {"action": "delegate",
+            "agentId": "worker-2", "message": "draft", "priority": "high"})  # fmt: skip
+        task = text(delegated).split("(subtask ")[1].split(")")[0]
+        assert text(delegated) == (f"Delegated to worker-2 (subtask {task}). You'll receive "
+                                   "the result automatically when worker-2 finishes.")  # fmt: skip
+        told = await client.call_tool("contact_agent", {"action": "notify", "agentId": "lead",
+                                                         "message": "fyi"})  # fmt: skip
+        assert text(told) == "Notification sent to lead."
+        assert "unknown agent 'zed'" in refused(await client.call_tool(
+            "send_to_agent", {"target_agent": "zed", "message": "hi"}))  # fmt: skip
+        bad = await client.call_tool("contact_agent", {"action": "shout", "agentId": "lead",
+                                                        "message": "x"})  # fmt: skip
+        assert bad.is_error
+
+    run_in_client(home, "worker-1", body)
+    replier.join(BOUND_S)
+
+
+def test_check_inbox_returns_each_message_once_and_results_come_back(
+    team: object, home: Path
+) -> None:
+    """check_inbox consumes what it returns; a delegation's result arrives through it;
+    reply answers a request it returned; complete_task finishes a task given to me."""
+    lead = MessageBus("demo", "lead", home)
+    worker2 = MessageBus("demo", "worker-2", home)
+    worker2.set_presence("idle")
+
+    async def body(client: Client) -> None:
+        lead.send("worker-1", "text", "hello")
+        first = text(await client.call_tool("check_inbox", {}))
+        assert first.startswith("text ") and "from lead:\nhello" in first
+        assert text(await client.call_tool("check_inbox", {})) == "No new messages."
+        # a delegation of mine comes back as a result
+        delegated = text(await client.call_tool("contact_agent", {
+            "action": "delegate", "agentId": "worker-2", "message": "sum it"}))  # fmt: skip
+        task = delegated.split("(subtask ")[1].split(")")[0]
+        worker2.poll()
+        worker2.complete(task, "sum is 9")
+        result = text(await client.call_tool("check_inbox", {"wait_seconds": BOUND_S}))
+        assert result == f"Result of {task} from worker-2 (completed):\nsum is 9"
+        # a request to me, answered with reply
+        asker = in_thread(
+            lambda: answers.append(worker2.ask("worker-1", "ready?", timeout=BOUND_S))
+        )
+        request = text(await client.call_tool("check_inbox", {"wait_seconds": BOUND_S}))
+        message_id = request.split()[1]
+        assert request.startswith(f"Request {message_id} from worker-2")
+        replied = await client.call_tool("reply", {"message_id": message_id, "content": "yes"})
+        assert text(replied) == "Replied to worker-2."
+        await anyio.to_thread.run_sync(asker.join, BOUND_S)
+        assert answers[0].content == "yes"
+        assert "unknown message_id" in refused(await client.call_tool(
+            "reply", {"message_id": "0123456789ab", "content": "x"}))  # fmt: skip
+        # a task given to me
+        given = lead.delegate("worker-1", "write it")
+        assert "finish with complete_task" in text(await client.call_tool("check_inbox", {}))
+        done = await client.call_tool("complete_task", {"task_id": given.id, "result": "written"})
+        assert text(done) == f"Task {given.id} completed; lead gets the result."
+        assert refused(await client.call_tool("fail_task", {"task_id": "T-404", "error": "x"}))
+
+    answers: list[Any] = []
+    run_in_client(home, "worker-1", body)
+    lead.close()
+    worker2.close()
+
+
+def test_channels_history_search_and_the_leads_protocols(team: object, home: Path) -> None:
+    """post/read a channel (unknown @name refused), history, search, status, plan and
+    shutdown, each with a refusal."""
+    lead = MessageBus("demo", "lead", home)
+    lead.channels.create("ops", ["worker-1"])
+
+    async def body(client: Client) -> None:
+        arguments = {"channel": "ops", "content": "@lead deployed"}
+        posted = text(await client.call_tool("post_to_channel", arguments))
+        assert posted.startswith("Posted in #ops (id ")
+        assert "@nobody is not a member of #ops" in refused(await client.call_tool(
+            "post_to_channel", {"channel": "ops", "content": "@nobody hi"}))  # fmt: skip
+        assert text(await client.call_tool("read_channel", {"channel": "ops"})).endswith(
+            "[worker-1] @lead deployed"
+        )
+        lead.send("worker-1", "text", "the deploy key rotated")
+        history = text(await client.call_tool("conversation_history", {"agent": "lead"}))
+        assert history.endswith("[lead] the deploy key rotated")
+        found = text(await client.call_tool("search_messages", {"query": "rotated"}))
+        assert "the deploy key rotated" in found
+        assert text(await client.call_tool("report_status", {"text": "half", "progress": 0.5})
+                    ) == "Status sent to lead."  # fmt: skip
+        assert "state" in refused(await client.call_tool(
+            "report_status", {"text": "x", "state": "dancing"}))  # fmt: skip
+        approver = in_thread(lambda: lead.send(
+            "worker-1", MessageType.PLAN_APPROVAL, "go ahead", {"approved": "true"},
+            reply_to=lead.wait_for_message(MessageType.PLAN_SUBMISSION, BOUND_S).id))  # type: ignore[union-attr]  # fmt: skip
+        planned = text(
+            await client.call_tool("submit_plan", {"plan": "1. x", "wait_seconds": BOUND_S})
+        )
+        assert planned == "Plan approved by lead: go ahead"
+        await anyio.to_thread.run_sync(approver.join, BOUND_S)
+        assert "no shutdown request" in refused(
+            await client.call_tool("respond_shutdown", {"accept": True})
+        )
+        request = lead.send("worker-1", MessageType.SHUTDOWN_REQUEST, "wrap up")
+        await client.call_tool("check_inbox", {})
+        assert (
+            text(await client.call_tool("respond_shutdown", {"accept": True}))
+            == "Shutdown accepted."
+        )
+        answer = lead.wait_for_message(MessageType.SHUTDOWN_RESPONSE, BOUND_S)
+        assert answer is not None and answer.reply_to == request.id
+
+    run_in_client(home, "worker-1", body)
+    lead.close()
+
+
+def test_rates_and_policy_apply(team: object, home: Path) -> None:
+    """10 contacts a minute when the policy sets no rate; a deny rule refuses."""
+    from ralph_mail import policy
+
+    async def body(client: Client) -> None:
+        for n in range(10):
+            sent = await client.call_tool(
+                "send_to_agent", {"target_agent": "lead", "message": str(n)}
+            )
+            assert not sent.is_error, text(sent)
+        assert "its limit" in refused(await client.call_tool(
+            "send_to_agent", {"target_agent": "lead", "message": "11"}))  # fmt: skip
+
+    run_in_client(home, "worker-1", body)
+    lead = MessageBus("demo", "lead", home)
+    rules = {"rules": [{"from": "worker-2", "to": "lead", "permission": "deny"}]}
+    lead.store.save_state(policy.KEY, json.dumps(rules).encode())
+    lead.close()
+
+    async def denied(client: Client) -> None:
+        assert "ask the team's lead" in refused(await client.call_tool(
+            "send_to_agent", {"target_agent": "lead", "message": "hi"}))  # fmt: skip
+
+    run_in_client(home, "worker-2", denied)
+
+
+def stdio(home: Path, agent: str) -> StdioServerParameters:
+    env = cli_env(home, RALPH_TEAM="demo", RALPH_AGENT=agent)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    return StdioServerParameters(command=sys.executable, args=["-m", "ralph_mail", "mcp"], env=env)
+
+
+def test_over_stdio_an_ask_answered_by_a_runner(team: object, home: Path, procs: Processes) -> None:
+    """A real `ralph-mail mcp` subprocess: its agent is online while it runs; an ask
+    through it is answered by a `ralph-mail run` teammate."""
+    from test_runner import runner
+
+    runner(procs, home, "worker-2", 'echo "ran: $(tail -n 1)"')
+
+    async def main() -> None:
+        async with Client(stdio(home, "worker-1")) as client:
+            agents = text(await client.call_tool("list_agents", {}))
+            assert "worker-2 (member, idle)" in agents or "worker-2 (member, working)" in agents
+            lead = MessageBus("demo", "lead", home)
+            assert [a.presence for a in lead.agents() if a.name == "worker-1"] == ["idle"]
+            lead.close()
+            asked = await client.call_tool("request_from_agent", {"target_agent": "worker-2",
+                "task_description": "status?", "timeout": BOUND_S})  # fmt: skip
+            assert text(asked) == "Response from worker-2: ran: status?"
+
+    anyio.run(main)
+
+
+def test_a_client_that_goes_away_mid_ask_leaves_nothing_half_done(team: object, home: Path) -> None:
+    """A call cancelled mid-ask, then the client gone: the request was sent once, the
+    server exits, and the inbox is free for the next consumer."""
+    worker2 = MessageBus("demo", "worker-2", home)
+    worker2.set_presence("idle")  # online, but it never answers
+
+    async def main() -> None:
+        async with Client(stdio(home, "worker-1")) as client:
+            with anyio.move_on_after(1.0):
+                await client.call_tool("contact_agent", {"action": "ask", "agentId": "worker-2",
+                                                         "message": "never answered"})  # fmt: skip
+                raise AssertionError("the ask should still be waiting")
+
+    anyio.run(main)
+    requests = [m for m in worker2.poll() if m.type == MessageType.REQUEST]
+    assert [m.content for m in requests] == ["never answered"]
+    again = MessageBus("demo", "worker-1", home)
+    again.peek()  # claims the inbox: the server that held it is gone
+    again.close()
+    worker2.close()
+
+
+def test_the_command_refuses_bad_identity_in_one_line(team: object, home: Path) -> None:
+    """No agent, or an unknown team: one line on stderr, exit 2, nothing on stdout."""
+    done = ralph(home, "mcp", "--team", "demo")
+    assert done.returncode == 2 and done.stdout == b"" and done.stderr.count(b"\n") == 1
+    done = ralph(home, "mcp", "--team", "nope", "--agent", "x")
+    assert done.returncode == 2 and done.stdout == b"" and done.stderr.count(b"\n") == 1
