@@ -84,8 +84,9 @@ class Mailbox:
             return (f"Delegated to {to} (subtask {task.id}). You'll receive the result "
                     f"automatically when {to} finishes.")  # fmt: skip
         if action == "notify":
-            self._locked(lambda: self.bus.send(to, MessageType.TEXT, message, priority=priority))
-            return f"Notification sent to {to}."
+            sent = self._locked(lambda: self.bus.send(to, MessageType.TEXT, message,
+                                                      priority=priority))  # fmt: skip
+            return self._held(sent) or f"Notification sent to {to}."
         raise MailError(f"invalid action {action!r}: use ask, delegate or notify")
 
     def ask(self, to: str, question: str, context: str | None, priority: str | None,
@@ -98,8 +99,17 @@ class Mailbox:
         return f"Response from {to}: {reply.content}"
 
     def send(self, to: str, text: str) -> str:
-        self._locked(lambda: self.bus.send(to, MessageType.TEXT, text))
-        return f"Message sent to {to}."
+        sent = self._locked(lambda: self.bus.send(to, MessageType.TEXT, text))
+        return self._held(sent) or f"Message sent to {to}."
+
+    def _held(self, message: Message) -> str:
+        """What to say of a message the policy held for approval ("" when delivered)."""
+        if message.ts:
+            return ""
+        held = self.bus.approval_of(message.id)
+        approver = held.approver if held is not None else "the approver"
+        return (f"Held for approval by {approver}: {message.to_agent} gets it once approved "
+                "(the decision comes to check_inbox).")  # fmt: skip
 
     def agents(self) -> str:
         found = self._locked(lambda: self.bus.agents())

@@ -231,15 +231,21 @@ def test_rates_and_policy_apply(team: object, home: Path) -> None:
 
     run_in_client(home, "worker-1", body)
     lead = MessageBus("demo", "lead", home)
-    rules = {"rules": [{"from": "worker-2", "to": "lead", "permission": "deny"}]}
+    rules = {"rules": [{"from": "worker-2", "to": "lead", "permission": "deny"},
+                       {"from": "worker-2", "to": "worker-1", "permission": "allow",
+                        "approval": True}]}  # fmt: skip
     lead.store.save_state(policy.KEY, json.dumps(rules).encode())
-    lead.close()
 
-    async def denied(client: Client) -> None:
+    async def governed(client: Client) -> None:
         assert "ask the team's lead" in refused(await client.call_tool(
             "send_to_agent", {"target_agent": "lead", "message": "hi"}))  # fmt: skip
+        held = await client.call_tool("send_to_agent", {"target_agent": "worker-1",
+                                                         "message": "may I?"})  # fmt: skip
+        assert text(held).startswith("Held for approval by lead: worker-1 gets it once approved")
 
-    run_in_client(home, "worker-2", denied)
+    run_in_client(home, "worker-2", governed)
+    assert [h.envelope["content"] for h in lead.approvals()] == ["may I?"]
+    lead.close()
 
 
 def stdio(home: Path, agent: str) -> StdioServerParameters:
@@ -297,3 +303,29 @@ def test_the_command_refuses_bad_identity_in_one_line(team: object, home: Path) 
     assert done.returncode == 2 and done.stdout == b"" and done.stderr.count(b"\n") == 1
     done = ralph(home, "mcp", "--team", "nope", "--agent", "x")
     assert done.returncode == 2 and done.stdout == b"" and done.stderr.count(b"\n") == 1
+
+
+def test_the_other_tools_refuse_in_one_line(team: object, home: Path) -> None:
+    """Each remaining tool's refusal, and fail_task's happy path."""
+    lead = MessageBus("demo", "lead", home)
+
+    async def body(client: Client) -> None:
+        calls = {
+            "request_from_agent": {"target_agent": "worker-2", "task_description": "x"},
+            "read_channel": {"channel": "nope"},
+            "conversation_history": {"agent": "zed"},
+            "search_messages": {"query": "a\x00b"},
+            "complete_task": {"task_id": "T-404", "result": "x"},
+            "post_to_channel": {"channel": "nope", "content": "x"},
+        }
+        for name, arguments in calls.items():
+            assert refused(await client.call_tool(name, arguments)), name
+        given = lead.delegate("worker-1", "impossible")
+        await client.call_tool("check_inbox", {})
+        failed = await client.call_tool("fail_task", {"task_id": given.id, "error": "no data"})
+        assert text(failed) == f"Task {given.id} failed; lead gets the result."
+        result = lead.wait_for_message(MessageType.TASK_RESULT, BOUND_S)
+        assert result is not None and "no data" in result.content
+
+    run_in_client(home, "worker-1", body)
+    lead.close()
