@@ -419,6 +419,12 @@ def targets(secs: Sections) -> list[Target]:
         add_ratio(key, f"{key.replace('_', ' ')} vs inbox {anchor_key.split('_')[1]}",
                   row(channels, fig_key), row(channels, anchor_key), "≤ 2x",
                   cost_ratio, lambda r: r <= 2.0, "{r:.2f}x")  # fmt: skip
+    board = secs.get("dashboard")
+    under = row(board, "tui_floor")
+    add_limit("tui_first_paint", row(board, "tui_first_paint"), "≤ 1 s", lambda v: v <= 1000.0,
+              f"{under.label}: {spread(under)}" if under else "—")  # fmt: skip
+    add_limit("tui_send_to_screen", row(board, "tui_send_to_screen"), "≤ 50 ms p50",
+              lambda v: v <= 50.0)  # fmt: skip
     faces = secs.get("mcp_server")
     for key, fig_key, anchor_key, peer_key in (
         ("mcp_send", "mcp_send", "bus_send", "agent_mail_send"),

@@ -57,6 +57,7 @@ from ralph_mail.settings import (
     SHUTDOWN_RETRY_S,
     SHUTDOWN_TIMEOUT_S,
 )
+from ralph_mail.store.base import TeamStore
 from ralph_mail.store.watch import StopEvent
 from ralph_mail.team import load_team
 
@@ -894,3 +895,14 @@ class TeamOrchestrator:
 
     def __repr__(self) -> str:
         return f"TeamOrchestrator(team={self.bus.team.name!r}, agent={self.agent!r})"
+
+
+def saved_progress(store: TeamStore, lead: str) -> dict[str, AgentProgress]:
+    """What the lead ``lead`` last saved about each teammate (empty when it never ran or
+    its state is unreadable): for views that only look, such as ``ralph-mail top``."""
+    raw = store.load_state(f"orchestrator.{lead}")
+    try:
+        state: Any = orjson.loads(raw) if raw else {}
+        return {name: AgentProgress(**item) for name, item in state.get("progress", {}).items()}
+    except (orjson.JSONDecodeError, TypeError, AttributeError, ValueError):
+        return {}

@@ -18,10 +18,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = {
-    "send", "writers", "read", "wakeup", "ask", "conversation", "search", "channels", "mcp_server",
-    "cli", "fanout",
+    "send", "writers", "read", "wakeup", "ask", "conversation", "search", "channels",
+    "mcp_server", "dashboard", "cli", "fanout",
 }  # fmt: skip
 TARGETS = {
+    "tui_first_paint",
+    "tui_send_to_screen",
     "mcp_send",
     "mcp_check",
     "mcp_send_peer",

@@ -57,6 +57,7 @@ def full_app() -> Group:
     from ralph_mail.cli import (  # noqa: F401
         channels,
         conversation,
+        faces,
         governance,
         mail,
         maintenance,

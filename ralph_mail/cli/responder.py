@@ -70,31 +70,3 @@ def run(
         return 0
 
     command(action)
-
-
-@app.command("mcp")
-def mcp(home: Home = None, team: TeamName = None, agent: Agent = None) -> None:
-    """Serve AGENT's mailbox to an MCP client on stdio (Claude Code, Codex, ...): ask,
-    delegate, notify, the inbox, channels, history, search and the lead's protocols as
-    tools. Needs the mcp extra: pip install 'ralph_mail[mcp]'.
-
-    \b
-    Example:
-      claude mcp add writer -e RALPH_TEAM=demo -e RALPH_AGENT=writer -- ralph-mail mcp
-      ralph-mail mcp --team demo --agent writer
-    """
-
-    def action() -> int:
-        import importlib.util
-
-        from ralph_mail.errors import MailError
-
-        if importlib.util.find_spec("mcp") is None:
-            raise MailError("the MCP server needs the mcp extra: pip install 'ralph_mail[mcp]'")
-        from ralph_mail.mcp_server import serve
-
-        who = identity(home, team, agent)
-        serve(who.need_team(), who.need_agent(), home)
-        return 0
-
-    command(action)
