@@ -81,7 +81,9 @@ class Mailbox:
         if action == "delegate":
             task = self._locked(lambda: self.bus.delegate(to, message, context=context,
                                                           priority=priority))  # fmt: skip
-            return (f"Delegated to {to} (subtask {task.id}). You'll receive the result "
+            held = self.bus.approval_of(task.assignment)
+            waits = f", held for approval by {held.approver}" if held is not None else ""
+            return (f"Delegated to {to} (subtask {task.id}{waits}). You'll receive the result "
                     f"automatically when {to} finishes.")  # fmt: skip
         if action == "notify":
             sent = self._locked(lambda: self.bus.send(to, MessageType.TEXT, message,

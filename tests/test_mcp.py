@@ -242,9 +242,13 @@ def test_rates_and_policy_apply(team: object, home: Path) -> None:
         held = await client.call_tool("send_to_agent", {"target_agent": "worker-1",
                                                          "message": "may I?"})  # fmt: skip
         assert text(held).startswith("Held for approval by lead: worker-1 gets it once approved")
+        given = text(await client.call_tool("contact_agent", {"action": "delegate",
+                                                              "agentId": "worker-1",
+                                                              "message": "do it"}))  # fmt: skip
+        assert ", held for approval by lead). You'll receive" in given, given
 
     run_in_client(home, "worker-2", governed)
-    assert [h.envelope["content"] for h in lead.approvals()] == ["may I?"]
+    assert [h.envelope["content"] for h in lead.approvals()] == ["may I?", "do it"]
     lead.close()
 
 
