@@ -162,8 +162,8 @@ class Mailbox:
 
     # -- channels, history, search --------------------------------------------------------
 
-    def post(self, channel: str, content: str) -> str:
-        post = self._locked(lambda: self.bus.channel_post(channel, content))
+    def post(self, channel: str, content: str, reply_to: str | None) -> str:
+        post = self._locked(lambda: self.bus.channel_post(channel, content, reply_to))
         return f"Posted in {post.to_agent} (id {post.id})."
 
     def read_channel(self, channel: str, limit: int) -> str:
@@ -238,7 +238,8 @@ def describe(message: Message) -> str:
     elif kind == MessageType.TASK_RESULT:
         head = f"Result of {meta.get('taskId', '')} from {who} ({meta.get('status', 'done')})"
     elif kind == MessageType.MENTION:
-        head = f"{who} mentioned you in #{meta.get('channel', '')} (answer with post_to_channel)"
+        head = (f"{who} mentioned you in #{meta.get('channel', '')} (answer with "
+                f"post_to_channel, reply_to {message.reply_to})")  # fmt: skip
     else:
         head = f"{kind} {message.id} from {who}"
     return f"{head}:\n{message.content}"
@@ -315,9 +316,11 @@ def build(team: str, agent: str, home: str | os.PathLike[str] | None = None,
         return await call(lambda _: box.finish(task_id, error, True))
 
     @tool
-    async def post_to_channel(channel: str, content: str) -> CallToolResult:
-        """Post in a channel; @name asks that member to answer, @all everyone."""
-        return await call(lambda _: box.post(channel, content))
+    async def post_to_channel(channel: str, content: str,
+                              reply_to: str | None = None) -> CallToolResult:  # fmt: skip
+        """Post in a channel; @name asks that member to answer, @all everyone. reply_to:
+        the post you answer (a mention's)."""
+        return await call(lambda _: box.post(channel, content, reply_to))
 
     @tool
     async def read_channel(channel: str, limit: int = 20) -> CallToolResult:

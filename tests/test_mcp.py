@@ -183,6 +183,13 @@ def test_channels_history_search_and_the_leads_protocols(team: object, home: Pat
         assert text(await client.call_tool("read_channel", {"channel": "ops"})).endswith(
             "[worker-1] @lead deployed"
         )
+        asked = lead.channel_post("ops", "@worker-1 rollback plan?")
+        mention = text(await client.call_tool("check_inbox", {}))
+        assert mention == (f"lead mentioned you in #ops (answer with post_to_channel, "
+                           f"reply_to {asked.id}):\n@worker-1 rollback plan?")  # fmt: skip
+        await client.call_tool("post_to_channel", {"channel": "ops", "content": "git revert",
+                                                   "reply_to": asked.id})  # fmt: skip
+        assert [p.reply_to for p in lead.channel_history("ops", 1)] == [asked.id]
         lead.send("worker-1", "text", "the deploy key rotated")
         history = text(await client.call_tool("conversation_history", {"agent": "lead"}))
         assert history.endswith("[lead] the deploy key rotated")
