@@ -231,6 +231,8 @@ def channel_history(
         from ralph_mail.channels import history
         from ralph_mail.team import load_team
 
+        if lines < 0:
+            raise MailError(f"invalid -n {lines}: give a count >= 0")
         roster = load_team(identity(home, team, agent).need_team(), home)
         posts = history(roster.store, name, lines)
         print_messages(posts, json)
