@@ -29,6 +29,7 @@ from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, RichLog, Static
 
@@ -337,9 +338,13 @@ class Dashboard(App[None]):
 
     def _changed_now(self) -> None:
         self._due.clear()
+        if self._stop.is_set() or not self.is_running:
+            return  # scheduled while the app was closing: its widgets may be gone
         try:
             self._count_arrivals()
             self.refresh_all()
+        except NoMatches:
+            return  # the app is closing (its screen went first)
         except MailError as exc:
             self.query_one("#status", Static).update(f" {exc}")
 
@@ -388,6 +393,10 @@ class Dashboard(App[None]):
 
     def action_help(self) -> None:
         self.push_screen(Help())
+
+    async def action_quit(self) -> None:
+        self._stop.set()  # no refresh is started once the app begins to close
+        await super().action_quit()
 
     def on_unmount(self) -> None:
         self._stop.set()

@@ -206,7 +206,7 @@ class Runner:
             ready()
         said = "idle"
         running: dict[Future[None], Message] = {}
-        waiters: dict[tuple[str, ...], Waiter] = {}
+        watching: tuple[tuple[str, ...], Waiter | None] = ((), None)
         finished = threading.Event()  # a job ended: wakes the wait below
         woken = _Either(stop, finished)
         with ThreadPoolExecutor(self.jobs, thread_name_prefix="ralph-run") as pool:
@@ -241,13 +241,16 @@ class Runner:
                         said = "working" if running else "idle"
                         self.bus.set_presence(said)
                     watched = tuple(sorted(keys))
-                    if watched not in waiters:  # new: look again before the first wait
-                        waiters[watched] = self.bus.store.waiter(list(watched))
+                    waiter = watching[1]
+                    if waiter is None or watched != watching[0]:  # new: look again first
+                        if waiter is not None:
+                            waiter.close()
+                        watching = (watched, self.bus.store.waiter(list(watched)))
                         continue
-                    waiters[watched].wait(max(0.0, wake - time.time()), woken)
+                    waiter.wait(max(0.0, wake - time.time()), woken)
             finally:
-                for waiter in waiters.values():
-                    waiter.close()
+                if watching[1] is not None:
+                    watching[1].close()
                 self._collect(running, wait_s=STOP_GRACE_S)
                 for child in list(self._children.values()):
                     kill_group(child)
