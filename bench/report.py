@@ -419,6 +419,13 @@ def targets(secs: Sections) -> list[Target]:
         add_ratio(key, f"{key.replace('_', ' ')} vs inbox {anchor_key.split('_')[1]}",
                   row(channels, fig_key), row(channels, anchor_key), "≤ 2x",
                   cost_ratio, lambda r: r <= 2.0, "{r:.2f}x")  # fmt: skip
+    spanning = secs.get("nats_backend")
+    add_ratio("nats_send", "send on JetStream vs nats-py js.publish with its ack",
+              row(spanning, "nats_send"), row(spanning, "nats_raw_publish"), "≥ 0.5x",
+              rate_ratio, lambda r: r >= 0.5, "{r:.2f}x the raw rate")  # fmt: skip
+    add_ratio("nats_ask", "ask round trip (p50) on JetStream vs nats-py request/reply",
+              row(spanning, "nats_ask"), row(spanning, "nats_raw_request"), "≤ 3x",
+              time_ratio, lambda r: r <= 3.0, "{r:.1f}x")  # fmt: skip
     board = secs.get("dashboard")
     under = row(board, "tui_floor")
     add_limit("tui_first_paint", row(board, "tui_first_paint"), "≤ 1 s", lambda v: v <= 1000.0,

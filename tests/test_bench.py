@@ -19,9 +19,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = {
     "send", "writers", "read", "wakeup", "ask", "conversation", "search", "channels",
-    "mcp_server", "dashboard", "cli", "fanout",
+    "mcp_server", "dashboard", "nats_backend", "cli", "fanout",
 }  # fmt: skip
 TARGETS = {
+    "nats_send",
+    "nats_ask",
     "tui_first_paint",
     "tui_send_to_screen",
     "mcp_send",

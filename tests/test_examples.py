@@ -78,3 +78,13 @@ def test_llm_team_example(tmp_path: Path, children: Children) -> None:
     assert "drafting the Q4 update (after: no one)" in standup[1]
     assert "checking the Q4 numbers (after: writer)" in standup[2]
     assert "idle: ask me for numbers (after: writer, analyst)" in standup[3]
+
+
+def test_two_hosts_example(tmp_path: Path, children: Children) -> None:
+    """examples/two_hosts: two homes sharing one nats-server (started by the script): the
+    lead's ask and delegation are answered by runners in the other home."""
+    out = run_example("bash examples/two_hosts/run.sh", tmp_path, children)
+    assert "healthy" in out
+    assert "analyst says: Q4 revenue: 2.4M (asked: How did Q4 go?)" in out
+    assert 'writer says: draft of "the Q4 update" saved on' in out
+    assert "T-1  the Q4 update  writer  completed" in out

@@ -7,6 +7,7 @@ what a command needs, it imports when it runs).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Annotated
 
@@ -19,7 +20,9 @@ app = Group(
     help=(
         "A mailbox for teams of agents: send, read, wait for and follow messages, and "
         "run a team's lead.\n\n"
-        "Identity comes from --home/--team/--agent or RALPH_HOME/RALPH_TEAM/RALPH_AGENT.\n\n"
+        "Identity comes from --home/--team/--agent or RALPH_HOME/RALPH_TEAM/RALPH_AGENT; "
+        "--backend URL (or RALPH_BACKEND) on any command keeps the teams on a NATS "
+        "server (nats://HOST:PORT) instead of files.\n\n"
         "Example:\n  ralph-mail team create demo --member lead --member worker-1\n"
         "  ralph-mail send lead 'parsing done' --team demo --agent worker-1"
     )
@@ -68,6 +71,21 @@ def full_app() -> Group:
     return app
 
 
+def _backend_option(args: list[str]) -> list[str]:
+    """``--backend URL`` (or ``--backend=URL``), taken on any command before ``--``: it
+    sets ``RALPH_BACKEND`` for this process, which every entry point honours."""
+    for index, arg in enumerate(args):
+        if arg == "--":
+            break
+        if arg == "--backend" and index + 1 < len(args):
+            os.environ["RALPH_BACKEND"] = args[index + 1]
+            return args[:index] + args[index + 2 :]
+        if arg.startswith("--backend="):
+            os.environ["RALPH_BACKEND"] = arg.partition("=")[2]
+            return args[:index] + args[index + 1 :]
+    return args
+
+
 def run(args: Sequence[str]) -> int:
     """Run the command ``args`` name; usage errors become one line and exit code 2."""
     if list(args[:1]) in (["--version"], ["-V"]):
@@ -76,7 +94,7 @@ def run(args: Sequence[str]) -> int:
         print(f"ralph-mail {version('ralph_mail')}")
         return 0
     try:
-        return run_command(full_app(), args)
+        return run_command(full_app(), _backend_option(list(args)))
     except UsageError as exc:
         error_line(f"{exc} (see '{exc.where} --help')")
         return EXIT_USAGE

@@ -49,7 +49,7 @@ def doctor(
             pairs = ((failures, "failure"), (warnings, "warning"))
             counts = [f"{n} {word}{'s' if n != 1 else ''}" for n, word in pairs if n]
             detail = f" ({', '.join(counts)})" if counts else ""
-            sys.stdout.write(f"{report.home}: {verdict}{detail}\n")
+            sys.stdout.write(f"{report.where or report.home}: {verdict}{detail}\n")
         sys.stdout.flush()
         return 0 if report.healthy(strict) else EXIT_NO
 

@@ -21,15 +21,25 @@ from ralph_mail.store.watch import StopEvent
 
 def backend(home: Path, url: str = "") -> Backend:
     """The backend ``url`` names (see `ralph_mail.settings.backend`): files under ``home``
-    for ``""`` or ``file``, a place in this process's memory for ``memory://NAME``."""
+    for ``""`` or ``file``, a place in this process's memory for ``memory://NAME``, a NATS
+    JetStream server for ``nats://HOST:PORT`` (the ``nats`` extra)."""
     if url in ("", "file"):
         return FileBackend(home)
+    if url.startswith(("nats://", "tls://")):
+        try:
+            from ralph_mail.store.nats import NatsBackend
+        except ImportError:
+            raise MailError(
+                f"backend {url!r} needs the nats extra: pip install 'ralph_mail[nats]'"
+            ) from None
+        return NatsBackend(url)
     if url.startswith("memory://") and len(url) > len("memory://"):
         from ralph_mail.store.memory import memory_backend
 
         return memory_backend(url[len("memory://") :])
     raise MailError(
-        f"unknown backend {url!r}: use 'file' (the default) or 'memory://NAME'; "
+        f"unknown backend {url!r}: use 'file' (the default), 'nats://HOST:PORT' or "
+        "'memory://NAME'; "
         "set it with --backend or RALPH_BACKEND"
     )
 

