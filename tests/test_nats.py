@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from conftest import BOUND_S, Processes, cli_env, fresh_nats, start_nats
@@ -98,3 +99,91 @@ def test_doctor_checks_the_server(tmp_path: Path) -> None:
     assert b"JetStream on" in done.stdout and b"team 'demo': stream" in done.stdout
     gone = cli(nats_env(tmp_path, "nats://127.0.0.1:1"), "doctor")
     assert gone.returncode == 3 and b"cannot reach the NATS server" in gone.stdout
+
+
+#: A consumer that handles each message (records its id), then commits; it is told
+#: through argv[3] to die (kill -9 itself) right after handling message number N.
+CONSUMER = """
+import os, signal, sys
+from ralph_mail import MessageBus
+bus = MessageBus("demo", "w", sys.argv[1], backend=sys.argv[2])
+die_after, handled = int(sys.argv[3]), 0
+with open(sys.argv[4], "a") as seen:
+    while handled < 50:
+        for message in bus.wait_for_messages(5, consume=False):
+            seen.write(message.id + "\\n")
+            seen.flush()
+            handled += 1
+            if handled == die_after:
+                os.kill(os.getpid(), signal.SIGKILL)  # handled, not yet committed
+            bus.commit(message)
+"""
+
+
+def test_a_consumer_killed_between_handling_and_committing_gets_it_again(
+    home: Path, tmp_path: Path, procs: Processes
+) -> None:
+    """kill -9 after handling, before committing: once its lease lapses, the next
+    consumer gets that message again (at least once), and ids make it handled once."""
+    url = fresh_nats()
+    create_team("demo", ["lead", "w"], home=home, backend=url)
+    lead = MessageBus("demo", "lead", home, backend=url)
+    sent = [lead.send("w", "text", f"job {n}").id for n in range(50)]
+    seen = tmp_path / "seen"
+    env = cli_env(home, RALPH_NATS_LEASE_S="1")
+    first = procs.python(CONSUMER, str(home), url, "20", str(seen), env=env)
+    assert first.wait(timeout=BOUND_S) == -9
+    deadline = time.monotonic() + BOUND_S
+    while lead.store.consumer("w") is not None:  # its lease lapses (1 s here, 10 s by default)
+        assert time.monotonic() < deadline, "the killed consumer's lease never lapsed"
+        time.sleep(0.05)
+    second = procs.python(CONSUMER, str(home), url, "0", str(seen), env=env)
+    second.stdin.close()  # type: ignore[union-attr]
+    deadline = time.monotonic() + BOUND_S
+    while len(set(seen.read_text().split())) < 50:
+        assert time.monotonic() < deadline and second.poll() in (None, 0), second.stderr.read()  # type: ignore[union-attr]
+        time.sleep(0.05)
+    handled = seen.read_text().split()
+    assert handled[:20] == sent[:20] and handled[20] == sent[19]  # the 20th came again
+    assert list(dict.fromkeys(handled)) == sent  # by id: each once, in order
+    lead.close()
+
+
+def test_every_acknowledged_send_is_delivered_once_across_a_server_restart(
+    home: Path, tmp_path: Path
+) -> None:
+    """A sender retries each send under its id until the server acknowledges it while
+    the server is stopped and started again mid-stream; the consumer gets every
+    acknowledged message exactly once, in order."""
+    from ralph_mail.errors import MailError
+
+    server, url = start_nats(tmp_path / "js")
+    port = int(url.rsplit(":", 1)[1])
+    try:
+        create_team("demo", ["lead", "w"], home=home, backend=url)
+        lead = MessageBus("demo", "lead", home, backend=url)
+        w = MessageBus("demo", "w", home, backend=url)
+        acknowledged: list[str] = []
+        received: list[str] = []
+        for n in range(60):
+            if n == 30:  # mid-stream: the server goes away and comes back
+                server.terminate()
+                server.wait(timeout=BOUND_S)
+                server, _ = start_nats(tmp_path / "js", port)
+            message_id = f"{n:012x}"
+            deadline = time.monotonic() + BOUND_S
+            while True:
+                try:
+                    acknowledged.append(lead.send("w", "text", f"m{n}", id=message_id).id)
+                    break
+                except MailError:
+                    assert time.monotonic() < deadline, "the client never reconnected"
+            if n % 7 == 0:
+                received += [m.id for m in w.poll()]
+        received += [m.id for m in w.poll()]
+        assert received == acknowledged == [f"{n:012x}" for n in range(60)]
+        lead.close()
+        w.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=BOUND_S)

@@ -55,10 +55,22 @@ _T = TypeVar("_T")
 
 #: Lines a read returns at most (one batched direct get).
 READ_BATCH: Final = 1000
-#: How long a consumer's claim lasts without renewal (s).
+#: How long a consumer's claim lasts without renewal (s); ``RALPH_NATS_LEASE_S`` sets it.
 LEASE_S: Final = 10.0
+
+
+def lease_s() -> float:
+    """The claim's lease: ``$RALPH_NATS_LEASE_S`` (seconds), else `LEASE_S`."""
+    try:
+        return max(0.5, float(os.environ.get("RALPH_NATS_LEASE_S", LEASE_S)))
+    except ValueError:
+        return LEASE_S
+
+
 #: How long one request to the server may take (s).
 REQUEST_S: Final = 10.0
+#: How soon a waiter looks again after a wake-up (s): see `_Waiter`.
+RECHECK_S: Final = 0.005
 #: Tries of an append that keeps losing the race for its subject's end.
 APPEND_TRIES: Final = 1000
 _ID = re.compile(rb'"id":"([0-9a-f]{12})"')
@@ -120,11 +132,17 @@ class _Loop:
 
 
 class _Waiter:
-    """Woken by the server when a message reaches one of its subjects."""
+    """Woken by the server when a message reaches one of its subjects.
+
+    A subscriber can hear of a message a moment before the stream has stored it, so a
+    read right after a wake-up may not find it yet: the wait after a wake-up returns
+    again after `RECHECK_S` (one more read) even when nothing new was heard.
+    """
 
     def __init__(self, link: _Loop, subjects: list[str]) -> None:
         self._link = link
         self._event = threading.Event()
+        self._recheck = False
 
         async def woken(_: Any) -> None:
             self._event.set()
@@ -137,6 +155,11 @@ class _Waiter:
         self._subs = link.run(subscribe())
 
     def wait(self, timeout: float, stop: StopEvent | None = None) -> bool:
+        if self._recheck:  # the last wake-up's message may have been stored since
+            self._recheck = False
+            self._event.wait(min(timeout, RECHECK_S))
+            self._event.clear()
+            return True
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
@@ -144,6 +167,7 @@ class _Waiter:
                 return False
             if self._event.wait(min(left, 0.05) if stop is not None else left):
                 self._event.clear()
+                self._recheck = True
                 return True
 
     def close(self) -> None:
@@ -170,8 +194,7 @@ class NatsStore:
         self._seqs: dict[str, dict[int, int]] = {}  # subject -> offset -> stream seq
         self._claims: dict[str, int] = {}  # agent -> revision of my claim
         self._locks: dict[str, asyncio.Lock] = {}  # subject -> appends here, one at a time
-        self._pending: list[concurrent.futures.Future[tuple[str, int]]] = []  # index writes
-        self._versions: dict[str, tuple[int, ...] | None] | None = None
+        self._cache: dict[str, tuple[bytes, int] | None] | None = None  # see _watched
         self._renewer: threading.Thread | None = None
         self._search: SearchIndex | None = None
         self._closed = threading.Event()
@@ -303,7 +326,8 @@ class NatsStore:
         self._kv_put(f"presence.{_key(agent)}", record)
 
     def load_presence(self, agent: str) -> bytes | None:
-        return self._kv_get(f"presence.{_key(agent)}")
+        found = self._watched(f"presence.{_key(agent)}")
+        return None if found is None else found[0]
 
     def _kv_get(self, key: str) -> bytes | None:
         from nats.js.errors import KeyNotFoundError
@@ -535,15 +559,20 @@ class NatsStore:
 
     def index_add(self, key: str, agent: str, offset: int, length: int) -> None:
         """Written in the background (the message is delivered already: an index entry
-        costs a send no round trip); this process's index reads wait for it first."""
+        costs a send no round trip); this process's index reads wait for it first. Another
+        process may read the index a few milliseconds before the entry is in."""
         entry = orjson.dumps([agent, offset, length])
         put = self._put_async(self._subject(f"ix:{key}"), entry, b"", stamp=False)
-        self._pending = [f for f in self._pending if not f.done()]
-        self._pending.append(asyncio.run_coroutine_threadsafe(put, self._link.loop))
+        with _PENDING_LOCK:
+            _PENDING[:] = [f for f in _PENDING if not f.done()]
+            _PENDING.append(asyncio.run_coroutine_threadsafe(put, self._link.loop))
 
     def _flush(self) -> None:
-        """Wait for this process's index entries still being written."""
-        pending, self._pending = self._pending, []
+        """Wait for the index entries this process is still writing (any store's: a
+        bus reads what another bus of the process wrote, as on files)."""
+        with _PENDING_LOCK:
+            pending = list(_PENDING)
+            _PENDING.clear()
         for future in pending:
             try:
                 future.result(REQUEST_S)
@@ -587,11 +616,11 @@ class NatsStore:
             if alive and (holder["pid"], holder["host"]) != (me["pid"], me["host"]):
                 raise InboxBusy(
                     f"the inbox of {agent!r} is consumed by pid {holder['pid']} on "
-                    f"{holder['host']}: stop it first (its claim lapses {LEASE_S:g} s "
+                    f"{holder['host']}: stop it first (its claim lapses {lease_s():g} s "
                     "after it dies)",
                     int(holder["pid"]),
                 )
-            value = orjson.dumps({**me, "until": time.time() + LEASE_S})
+            value = orjson.dumps({**me, "until": time.time() + lease_s()})
             kv = self._bucket()
 
             async def take(value: bytes = value, revision: int = revision, kv: Any = kv) -> int:
@@ -613,11 +642,11 @@ class NatsStore:
             return
 
         def renew() -> None:
-            while not self._closed.wait(LEASE_S / 3):
+            while not self._closed.wait(lease_s() / 3):
                 for agent in list(self._claims):
                     key = f"claim.{_key(agent)}"
                     value = orjson.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                          "until": time.time() + LEASE_S})  # fmt: skip
+                                          "until": time.time() + lease_s()})  # fmt: skip
                     try:
                         self._claims[agent] = self._link.run(
                             self._bucket().update(key, value, last=self._claims[agent])
@@ -635,8 +664,8 @@ class NatsStore:
                 self._link.run(kv.delete(f"claim.{_key(agent)}"), timeout=2.0)
 
     def consumer(self, agent: str) -> int | None:
-        raw = self._kv_get(f"claim.{_key(agent)}")
-        holder = orjson.loads(raw) if raw else None
+        found = self._watched(f"claim.{_key(agent)}")
+        holder = orjson.loads(found[0]) if found else None
         if holder is None or holder.get("until", 0) <= time.time():
             return None
         return int(holder["pid"])
@@ -764,27 +793,35 @@ class NatsStore:
         self._kv_update(f"state.{_key(key)}", change)
 
     def state_version(self, key: str) -> tuple[int, ...] | None:
-        """From a watch on the bucket's state keys: the server pushes each save, so this
-        costs no round trip (a save reaches it within the server's delivery time)."""
+        """From the bucket's watch (see `_watched`): no round trip."""
         check_name(key, "state key")
-        if self._versions is None:
-            self._versions = {}
-            kv, versions, ready = self._bucket(), self._versions, threading.Event()
+        found = self._watched(f"state.{_key(key)}")
+        return None if found is None else (found[1],)
+
+    def _watched(self, key: str) -> tuple[bytes, int] | None:
+        """``key``'s value and revision as a watch of the whole bucket has them: the
+        server pushes every change, so presence, claims and state versions cost no round
+        trip (a change reaches this process within the server's delivery time)."""
+        if self._cache is None:
+            cache: dict[str, tuple[bytes, int] | None] = {}
+            kv, ready = self._bucket(), threading.Event()
 
             async def watch() -> None:
-                watcher = await kv.watch("state.>")
+                watcher = await kv.watch(">")
                 async for entry in watcher:
                     if entry is None:  # the initial values are in
                         ready.set()
                         continue
-                    versions[entry.key] = (entry.revision,) if entry.value else None
+                    cache[entry.key] = ((bytes(entry.value), entry.revision)
+                                        if entry.value else None)  # fmt: skip
                     if self._closed.is_set():
                         await watcher.stop()
 
             asyncio.run_coroutine_threadsafe(watch(), self._link.loop)
             if not ready.wait(REQUEST_S):
-                raise StoreError(f"NATS {self.url}: no answer to a watch of the team's state")
-        return self._versions.get(f"state.{_key(key)}")
+                raise StoreError(f"NATS {self.url}: no answer to a watch of the team's bucket")
+            self._cache = cache
+        return self._cache.get(key)
 
     def state_where(self, key: str) -> str:
         return f"{self.url} bucket {self.stream} key state.{_key(key)}"
@@ -813,6 +850,11 @@ class NatsStore:
         if self._search is not None:
             self._search.close()
             self._search = None
+
+
+#: Index entries being written in the background by this process, and their lock.
+_PENDING: list[concurrent.futures.Future[tuple[str, int]]] = []
+_PENDING_LOCK = threading.Lock()
 
 
 def _ts_of(line: bytes) -> str:
