@@ -359,7 +359,15 @@ class NatsStore:
 
     def _kv_put(self, key: str, value: bytes) -> None:
         kv = self._bucket()
-        self._run(kv.put(key, value))
+        self._saw(key, value, self._run(kv.put(key, value)))
+
+    def _saw(self, key: str, value: bytes, revision: int) -> None:
+        """Note my own write in the watch's cache at once: what this process wrote, it
+        reads (the watch brings the same revision a moment later)."""
+        if self._cache is not None:
+            known = self._cache.get(key)
+            if known is None or known[1] < revision:
+                self._cache[key] = (value, revision)
 
     def _kv_update(self, key: str, change: Callable[[bytes | None], bytes]) -> None:
         """Replace ``key`` with ``change(value)``, retried until no other update came
@@ -371,14 +379,13 @@ class NatsStore:
             raw, revision = self._kv_entry(key)
             value = change(raw)
 
-            async def write(value: bytes = value, revision: int = revision) -> None:
+            async def write(value: bytes = value, revision: int = revision) -> int:
                 if revision:
-                    await kv.update(key, value, last=revision)
-                else:
-                    await kv.create(key, value)
+                    return int(await kv.update(key, value, last=revision))
+                return int(await kv.create(key, value))
 
             try:
-                self._link.run(write())
+                self._saw(key, value, self._link.run(write()))
                 return
             except KeyWrongLastSequenceError:
                 continue
@@ -562,10 +569,7 @@ class NatsStore:
         costs a send no round trip); this process's index reads wait for it first. Another
         process may read the index a few milliseconds before the entry is in."""
         entry = orjson.dumps([agent, offset, length])
-        put = self._put_async(self._subject(f"ix:{key}"), entry, b"", stamp=False)
-        with _PENDING_LOCK:
-            _PENDING[:] = [f for f in _PENDING if not f.done()]
-            _PENDING.append(asyncio.run_coroutine_threadsafe(put, self._link.loop))
+        self._later(self._put_async(self._subject(f"ix:{key}"), entry, b"", stamp=False))
 
     def _flush(self) -> None:
         """Wait for the index entries this process is still writing (any store's: a
@@ -579,8 +583,9 @@ class NatsStore:
             except Exception as exc:
                 import warnings
 
-                warnings.warn(f"an index entry was not written ({exc}): a message is "
-                              "missing from history", RuntimeWarning, stacklevel=3)  # fmt: skip
+                warnings.warn(f"a background write failed ({exc}): an index entry is "
+                              "missing, or a cursor moved less far", RuntimeWarning,
+                              stacklevel=3)  # fmt: skip
 
     def index_tail(self, key: str, count: int) -> list[tuple[str, int, int]]:
         self._flush()
@@ -590,6 +595,7 @@ class NatsStore:
     # -- cursors, claims ------------------------------------------------------------------
 
     def load_cursor(self, agent: str) -> Cursor:
+        self._flush()
         raw = self._kv_get(f"cursor.{_key(agent)}")
         if raw is None:
             return Cursor(0)
@@ -602,7 +608,16 @@ class NatsStore:
         subject = self._subject(agent.partition("@")[0])
         seq = self._seqs.get(subject, {}).get(cursor.floor, 0)
         record = {"floor": cursor.floor, "acked": sorted(cursor.acked), "seq": seq}
-        self._kv_put(f"cursor.{_key(agent)}", orjson.dumps(record))
+        # In the background, in order: a crash before it is stored leaves the old cursor
+        # (what was consumed since comes again: at least once); close and every cursor
+        # load of this process wait for it.
+        self._later(self._bucket().put(f"cursor.{_key(agent)}", orjson.dumps(record)))
+
+    def _later(self, write: Coroutine[Any, Any, Any]) -> None:
+        """Start ``write`` on the loop without waiting; `_flush` waits for it."""
+        with _PENDING_LOCK:
+            _PENDING[:] = [f for f in _PENDING if not f.done()]
+            _PENDING.append(asyncio.run_coroutine_threadsafe(write, self._link.loop))
 
     def claim(self, agent: str) -> None:
         if agent in self._claims:
@@ -630,6 +645,7 @@ class NatsStore:
 
             try:
                 self._claims[agent] = self._link.run(take())
+                self._saw(key, value, self._claims[agent])
                 self._renew()
                 return
             except Exception:  # another process took it meanwhile: look again
@@ -662,6 +678,8 @@ class NatsStore:
             kv = self._bucket()
             with contextlib.suppress(Exception):  # else the lease lapses by itself
                 self._link.run(kv.delete(f"claim.{_key(agent)}"), timeout=2.0)
+            if self._cache is not None:
+                self._cache[f"claim.{_key(agent)}"] = None
 
     def consumer(self, agent: str) -> int | None:
         found = self._watched(f"claim.{_key(agent)}")
@@ -852,8 +870,8 @@ class NatsStore:
             self._search = None
 
 
-#: Index entries being written in the background by this process, and their lock.
-_PENDING: list[concurrent.futures.Future[tuple[str, int]]] = []
+#: Writes this process has under way in the background (index entries, cursors).
+_PENDING: list[concurrent.futures.Future[Any]] = []
 _PENDING_LOCK = threading.Lock()
 
 
@@ -881,7 +899,7 @@ class NatsBackend:
 
     def create_team(self, name: str, agents: list[str], roster: bytes) -> None:
         from nats.js.api import StorageType, StreamConfig
-        from nats.js.errors import KeyWrongLastSequenceError
+        from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 
         link, teams = self._link(), self._teams()
         stream = f"RALPH_{_hex(name)}"
@@ -889,8 +907,13 @@ class NatsBackend:
         async def create() -> None:
             try:
                 await teams.create(_hex(name), name.encode())
-            except KeyWrongLastSequenceError:
-                raise FileExistsError(name) from None
+            except KeyWrongLastSequenceError:  # there, or a team deleted a moment ago
+                try:
+                    await teams.get(_hex(name))
+                except NotFoundError:  # deleted (or purged): its name is free again
+                    await teams.put(_hex(name), name.encode())
+                else:
+                    raise FileExistsError(name) from None
             await link.js.add_stream(StreamConfig(
                 name=stream, subjects=[f"ralph.{_hex(name)}.>"], allow_direct=True,
                 storage=StorageType.FILE, duplicate_window=120.0,
