@@ -193,6 +193,7 @@ class NatsStore:
         self._tails: dict[str, tuple[int, int, int, str]] = {}  # subject -> seq, end, n, ts
         self._seqs: dict[str, dict[int, int]] = {}  # subject -> offset -> stream seq
         self._claims: dict[str, int] = {}  # agent -> revision of my claim
+        self._queued: dict[str, list[bytes]] = {}  # index subject -> entries to write
         self._locks: dict[str, asyncio.Lock] = {}  # subject -> appends here, one at a time
         self._cache: dict[str, tuple[bytes, int] | None] | None = None  # see _watched
         self._renewer: threading.Thread | None = None
@@ -568,8 +569,22 @@ class NatsStore:
         """Written in the background (the message is delivered already: an index entry
         costs a send no round trip); this process's index reads wait for it first. Another
         process may read the index a few milliseconds before the entry is in."""
-        entry = orjson.dumps([agent, offset, length])
-        self._later(self._put_async(self._subject(f"ix:{key}"), entry, b"", stamp=False))
+        subject = self._subject(f"ix:{key}")
+        with _PENDING_LOCK:
+            queue = self._queued.setdefault(subject, [])
+            queue.append(orjson.dumps([agent, offset, length]))
+            first = len(queue) == 1
+        if first:  # entries that come while it writes go in its next message
+            self._later(self._drain(subject))
+
+    async def _drain(self, subject: str) -> None:
+        """Write the queued index entries of ``subject``, all there are in one message."""
+        while True:
+            with _PENDING_LOCK:
+                entries = self._queued.pop(subject, [])
+            if not entries:
+                return
+            await self._put_async(subject, b"\n".join(entries), b"", stamp=False)
 
     def _flush(self) -> None:
         """Wait for the index entries this process is still writing (any store's: a
@@ -589,8 +604,9 @@ class NatsStore:
 
     def index_tail(self, key: str, count: int) -> list[tuple[str, int, int]]:
         self._flush()
-        lines, _ = self.read_tail(f"ix:{key}", count)
-        return [(str(a), int(o), int(n)) for a, o, n in map(orjson.loads, lines)]
+        lines, _ = self.read_tail(f"ix:{key}", count)  # a line holds one entry or more
+        entries = [entry for line in lines for entry in line.split(b"\n")][-count:] if count else []
+        return [(str(a), int(o), int(n)) for a, o, n in map(orjson.loads, entries)]
 
     # -- cursors, claims ------------------------------------------------------------------
 
