@@ -2,11 +2,34 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from protocol_helpers import BOUND_S
+from test_store_contract import BACKENDS, backend_url
 
-from ralph_mail import AgentOffline, Event, InvalidMessage, MessageBus, MessageType, Team
+from ralph_mail import (
+    AgentOffline,
+    Event,
+    InvalidMessage,
+    MessageBus,
+    MessageType,
+    Team,
+    create_team,
+)
 from ralph_mail.tasks import tree_lines
+
+
+@pytest.fixture(params=BACKENDS)
+def team(
+    request: pytest.FixtureRequest, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Team:
+    """Team 'demo' (lead, worker-1, worker-2) on each backend: delegation, the task tree
+    and the lead's assignments are part of the contract every backend passes."""
+    url = backend_url(request.param, tmp_path)
+    if url:
+        monkeypatch.setenv("RALPH_BACKEND", url)
+    return create_team("demo", ["lead", ("worker-1", "parses logs"), "worker-2"], home=home)
 
 
 def online(*agents: str) -> None:
@@ -137,7 +160,10 @@ def test_a_retried_delegation_sends_the_same_assignment(team: Team) -> None:
     again = lead.delegate("worker-1", "do it", id="T-7")
     assert again.assignment == first.assignment and len(lead.tasks()) == 1
     ids = [m.id for m in MessageBus("demo", "worker-1").poll()]
-    assert ids == [first.assignment, first.assignment]
+    # Sent again on files and in memory (the receiver handles an id once); on NATS the
+    # server stores a retried id once (Nats-Msg-Id).
+    stored_once = lead.store.__class__.__name__ == "NatsStore"
+    assert ids == [first.assignment] * (1 if stored_once else 2)
     with pytest.raises(InvalidMessage, match="already exists"):
         lead.delegate("worker-1", "something else", id="T-7")
 

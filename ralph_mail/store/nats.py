@@ -194,6 +194,7 @@ class NatsStore:
         self._seqs: dict[str, dict[int, int]] = {}  # subject -> offset -> stream seq
         self._claims: dict[str, int] = {}  # agent -> revision of my claim
         self._queued: dict[str, list[bytes]] = {}  # index subject -> entries to write
+        self._log_cache: dict[str, tuple[bytes, int]] = {}  # team log -> read so far, end
         self._locks: dict[str, asyncio.Lock] = {}  # subject -> appends here, one at a time
         self._cache: dict[str, tuple[bytes, int] | None] | None = None  # see _watched
         self._renewer: threading.Thread | None = None
@@ -805,12 +806,21 @@ class NatsStore:
         self._put(self._subject(f"log:{name}"), record.rstrip(b"\n"), b"", stamp=False)
 
     def log_read(self, name: str) -> bytes:
+        """The whole log; what this store read of it before is kept, so reading it again
+        (the task tree does, at every change) costs only what was appended since."""
         check_name(name, "log name")
-        subject, offset, out = self._subject(f"log:{name}"), 0, list[bytes]()
+        subject = self._subject(f"log:{name}")
+        known, offset = self._log_cache.get(subject, (b"", 0))
+        out = [known]
         while True:
             data, start = self._read(subject, offset)
+            if start != offset and known:  # purged or made again: read it whole
+                self._log_cache.pop(subject, None)
+                return self.log_read(name)
             if not data:
-                return b"".join(out)
+                whole = b"".join(out)
+                self._log_cache[subject] = (whole, offset)
+                return whole
             out.append(data)
             offset = start + len(data)
 
