@@ -43,6 +43,8 @@ def cli_env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RALPH_")}
     env["RALPH_HOME"] = str(home)
     env["RALPH_CHANNEL_DELAY"] = "0"
+    if os.environ.get("RALPH_BACKEND"):  # a test on another backend: its children too
+        env["RALPH_BACKEND"] = os.environ["RALPH_BACKEND"]
     env.update(extra)
     return env
 

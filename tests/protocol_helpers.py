@@ -31,6 +31,8 @@ def ralph_env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RALPH_")}
     env["RALPH_HOME"] = str(home)
     env["RALPH_CHANNEL_DELAY"] = "0"  # no pause between answers in tests
+    if os.environ.get("RALPH_BACKEND"):  # a test on another backend: its children too
+        env["RALPH_BACKEND"] = os.environ["RALPH_BACKEND"]
     # The script's directory (for examples: the venv's `ralph-mail`) comes first.
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.update(extra)

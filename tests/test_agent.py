@@ -4,11 +4,30 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from protocol_helpers import BOUND_S, Children, children_fixture, close_buses  # noqa: F401
+from test_store_contract import BACKENDS, backend_url
 
-from ralph_mail import InvalidMessage, MessageBus, MessageType, Team, TeamAgent
+from ralph_mail import InvalidMessage, MessageBus, MessageType, Team, TeamAgent, create_team
+
+
+def one_process_only(team: Team) -> None:
+    """Skip a test of several processes on the memory backend (a place in one process)."""
+    if team.store.__class__.__name__ == "MemoryStore":
+        pytest.skip("an in-memory place lives in one process")
+
+
+@pytest.fixture(params=BACKENDS)
+def team(
+    request: pytest.FixtureRequest, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Team:
+    """Team 'demo' (lead, worker-1, worker-2) on each backend, its child processes too."""
+    url = backend_url(request.param, tmp_path)
+    if url:
+        monkeypatch.setenv("RALPH_BACKEND", url)
+    return create_team("demo", ["lead", ("worker-1", "parses logs"), "worker-2"], home=home)
 
 
 def lead_bus() -> MessageBus:
@@ -86,6 +105,7 @@ def test_next_task_waits_for_an_assignment_from_another_process(
     team: Team, children: Children
 ) -> None:
     """next_task blocks until a task arrives from another process."""
+    one_process_only(team)
     with TeamAgent("demo", "worker-1") as agent:
         children.ralph(
             team.home,
@@ -266,6 +286,7 @@ def _answer_without_flag() -> None:
 
 def test_team_of_agent_processes_with_a_lead_process(team: Team, children: Children) -> None:
     """Processes: lead rejects a plan without tests; the agent revises, works, and stops."""
+    one_process_only(team)
     lead = children.program(team.home, "lead", "demo", "test-required")
     worker = children.program(team.home, "worker", "demo", "worker-1", "2")
     assign("T-1", "parse the logs")
