@@ -159,3 +159,39 @@ def fresh_nats() -> str:
     for name in place.team_names():
         place.remove_team(name)
     return url
+
+
+#: Every backend the contract suites run on: files, one process's memory, and a real
+#: nats-server (started on first use, see `nats_server`).
+BACKENDS = ["file", "memory", "nats"]
+
+
+def backend_url(kind: str, tmp_path: Path) -> str:
+    """The URL that selects backend ``kind`` for one test (a fresh place each time)."""
+    if kind == "nats":
+        return fresh_nats()
+    return "" if kind == "file" else f"memory://{tmp_path.name}-{id(tmp_path)}"
+
+
+@pytest.fixture(params=BACKENDS)
+def team_on_every_backend(
+    request: pytest.FixtureRequest, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Team:
+    """Team 'demo' (lead, worker-1, worker-2) on each backend in turn; RALPH_BACKEND is
+    set, so buses made without ``backend=`` and child processes use it too."""
+    url = backend_url(request.param, tmp_path)
+    if url:
+        monkeypatch.setenv("RALPH_BACKEND", url)
+    return create_team("demo", ["lead", ("worker-1", "parses logs"), "worker-2"], home=home)
+
+
+def one_process_only(team: Team) -> None:
+    """Skip a test of several processes on the memory backend (a place in one process)."""
+    if team.store.__class__.__name__ == "MemoryStore":
+        pytest.skip("an in-memory place lives in one process")
+
+
+def files_only(team: Team) -> None:
+    """Skip a test that looks at or damages the files themselves on other backends."""
+    if team.store.__class__.__name__ != "FileStore":
+        pytest.skip("this test works on the files of the file backend")

@@ -4,30 +4,18 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 import pytest
+from conftest import one_process_only
 from protocol_helpers import BOUND_S, Children, children_fixture, close_buses  # noqa: F401
-from test_store_contract import BACKENDS, backend_url
 
-from ralph_mail import InvalidMessage, MessageBus, MessageType, Team, TeamAgent, create_team
-
-
-def one_process_only(team: Team) -> None:
-    """Skip a test of several processes on the memory backend (a place in one process)."""
-    if team.store.__class__.__name__ == "MemoryStore":
-        pytest.skip("an in-memory place lives in one process")
+from ralph_mail import InvalidMessage, MessageBus, MessageType, Team, TeamAgent
 
 
-@pytest.fixture(params=BACKENDS)
-def team(
-    request: pytest.FixtureRequest, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Team:
-    """Team 'demo' (lead, worker-1, worker-2) on each backend, its child processes too."""
-    url = backend_url(request.param, tmp_path)
-    if url:
-        monkeypatch.setenv("RALPH_BACKEND", url)
-    return create_team("demo", ["lead", ("worker-1", "parses logs"), "worker-2"], home=home)
+@pytest.fixture
+def team(team_on_every_backend: Team) -> Team:
+    """This module's tests run on every backend."""
+    return team_on_every_backend
 
 
 def lead_bus() -> MessageBus:

@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from test_store_contract import BACKENDS, backend_url
+from conftest import BACKENDS, backend_url
 
 from ralph_mail import InvalidMessage, MessageBus, MessageType, UnknownAgent, create_team
 

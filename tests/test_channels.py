@@ -17,8 +17,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import BOUND_S, Processes, cli_env, ralph
-from test_store_contract import BACKENDS, backend_url
+from conftest import BACKENDS, BOUND_S, Processes, backend_url, cli_env, ralph
 
 from ralph_mail import MessageBus, MessageType, create_team
 from ralph_mail.channels import delay_of, mentions

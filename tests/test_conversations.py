@@ -3,25 +3,17 @@
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import pytest
-from test_store_contract import BACKENDS, backend_url
 
-from ralph_mail import MessageBus, MessageType, Team, create_team
+from ralph_mail import MessageBus, MessageType, Team
 from ralph_mail.errors import DepthLimit, InvalidMessage, NoReply
 
 
-@pytest.fixture(params=BACKENDS)
-def team(
-    request: pytest.FixtureRequest, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Team:
-    """Team 'demo' (lead, worker-1, worker-2) on each backend: conversations are part of
-    the contract every backend passes."""
-    url = backend_url(request.param, tmp_path)
-    if url:
-        monkeypatch.setenv("RALPH_BACKEND", url)
-    return create_team("demo", ["lead", ("worker-1", "parses logs"), "worker-2"], home=home)
+@pytest.fixture
+def team(team_on_every_backend: Team) -> Team:
+    """This module's tests run on every backend."""
+    return team_on_every_backend
 
 
 def answer_requests(team: Team, agent: str, count: int) -> threading.Thread:

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import files_only, one_process_only
 from protocol_helpers import (  # noqa: F401
     BOUND_S,
     Children,
@@ -15,7 +16,6 @@ from protocol_helpers import (  # noqa: F401
     inbox_messages,
     of_type,
 )
-from test_store_contract import BACKENDS, backend_url
 
 from ralph_mail import (
     Event,
@@ -32,27 +32,10 @@ from ralph_mail import (
 from ralph_mail.orchestrator import Plan, command_reviewer, reject_all
 
 
-def one_process_only(team: Team) -> None:
-    """Skip a test of several processes on the memory backend (a place in one process)."""
-    if team.store.__class__.__name__ == "MemoryStore":
-        pytest.skip("an in-memory place lives in one process")
-
-
-def files_only(team: Team) -> None:
-    """Skip a test that looks at or damages the files themselves on other backends."""
-    if team.store.__class__.__name__ != "FileStore":
-        pytest.skip("this test works on the files of the file backend")
-
-
-@pytest.fixture(params=BACKENDS)
-def team(
-    request: pytest.FixtureRequest, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Team:
-    """Team 'demo' (lead, worker-1, worker-2) on each backend, its child processes too."""
-    url = backend_url(request.param, tmp_path)
-    if url:
-        monkeypatch.setenv("RALPH_BACKEND", url)
-    return create_team("demo", ["lead", ("worker-1", "parses logs"), "worker-2"], home=home)
+@pytest.fixture
+def team(team_on_every_backend: Team) -> Team:
+    """This module's tests run on every backend."""
+    return team_on_every_backend
 
 
 def lead_of(events: list[Event] | None = None, **kwargs: object) -> TeamOrchestrator:

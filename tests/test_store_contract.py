@@ -11,23 +11,12 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import fresh_nats
+from conftest import BACKENDS, backend_url
 
 from ralph_mail.errors import InboxBusy, MailError
 from ralph_mail.message import encode_parts
 from ralph_mail.store import Cursor, TeamStore, backend
 from ralph_mail.store.memory import MemoryStore
-
-#: Every backend the suite runs on; ``memory`` keeps its place in the test process;
-#: ``nats`` is a real nats-server (tests/conftest.py starts it).
-BACKENDS = ["file", "memory", "nats"]
-
-
-def backend_url(kind: str, tmp_path: Path) -> str:
-    """The URL that selects backend ``kind`` for one test (a fresh place each time)."""
-    if kind == "nats":
-        return fresh_nats()
-    return "" if kind == "file" else f"memory://{tmp_path.name}-{id(tmp_path)}"
 
 
 @pytest.fixture(params=BACKENDS)

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from protocol_helpers import BOUND_S
-from test_store_contract import BACKENDS, backend_url
 
 from ralph_mail import (
     AgentOffline,
@@ -15,21 +12,14 @@ from ralph_mail import (
     MessageBus,
     MessageType,
     Team,
-    create_team,
 )
 from ralph_mail.tasks import tree_lines
 
 
-@pytest.fixture(params=BACKENDS)
-def team(
-    request: pytest.FixtureRequest, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Team:
-    """Team 'demo' (lead, worker-1, worker-2) on each backend: delegation, the task tree
-    and the lead's assignments are part of the contract every backend passes."""
-    url = backend_url(request.param, tmp_path)
-    if url:
-        monkeypatch.setenv("RALPH_BACKEND", url)
-    return create_team("demo", ["lead", ("worker-1", "parses logs"), "worker-2"], home=home)
+@pytest.fixture
+def team(team_on_every_backend: Team) -> Team:
+    """This module's tests run on every backend."""
+    return team_on_every_backend
 
 
 def online(*agents: str) -> None:
