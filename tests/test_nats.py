@@ -187,3 +187,19 @@ def test_every_acknowledged_send_is_delivered_once_across_a_server_restart(
     finally:
         server.terminate()
         server.wait(timeout=BOUND_S)
+
+
+def test_backend_is_an_option_of_every_command(tmp_path: Path) -> None:
+    """--backend URL before or after the command selects the server; after '--' it is
+    the runner's command's own."""
+    from ralph_mail.cli.app import _backend_option
+
+    url = fresh_nats()
+    env = cli_env(tmp_path)
+    made = cli(env, "--backend", url, "team", "create", "demo", "--member", "lead")
+    assert made.returncode == 0, made.stderr
+    listed = cli(env, "team", "list", f"--backend={url}")
+    assert listed.returncode == 0 and b"demo" in listed.stdout
+    assert b"demo" not in cli(env, "team", "list").stdout  # files: no such team there
+    assert _backend_option(["run", "--", "tool", "--backend", "x"]) == [
+        "run", "--", "tool", "--backend", "x"]  # fmt: skip
