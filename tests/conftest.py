@@ -151,13 +151,18 @@ def nats_server() -> str:
 
 
 def fresh_nats() -> str:
-    """The test run's NATS server, with every team of earlier tests removed."""
-    from ralph_mail.store.nats import NatsBackend
+    """The test run's NATS server, emptied: every stream (teams, their buckets, the list
+    of teams) of earlier tests deleted."""
+    from ralph_mail.store.nats import _Loop
 
     url = nats_server()
-    place = NatsBackend(url)
-    for name in place.team_names():
-        place.remove_team(name)
+    link = _Loop.of(url)
+
+    async def wipe() -> None:
+        for info in await link.js.streams_info():
+            await link.js.delete_stream(info.config.name)
+
+    link.run(wipe())
     return url
 
 
