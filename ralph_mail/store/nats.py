@@ -328,8 +328,11 @@ class NatsStore:
         self._kv_put(f"presence.{_key(agent)}", record)
 
     def load_presence(self, agent: str) -> bytes | None:
-        found = self._watched(f"presence.{_key(agent)}")
-        return None if found is None else found[0]
+        key = f"presence.{_key(agent)}"
+        found = self._watched(key)
+        if found is None:  # not heard of yet: the watch may start a moment behind, ask
+            return self._kv_get(key)
+        return found[0]
 
     def _kv_get(self, key: str) -> bytes | None:
         from nats.js.errors import KeyNotFoundError
@@ -699,8 +702,10 @@ class NatsStore:
                 self._cache[f"claim.{_key(agent)}"] = None
 
     def consumer(self, agent: str) -> int | None:
-        found = self._watched(f"claim.{_key(agent)}")
-        holder = orjson.loads(found[0]) if found else None
+        key = f"claim.{_key(agent)}"
+        found = self._watched(key)
+        raw = found[0] if found is not None else self._kv_get(key)  # as in load_presence
+        holder = orjson.loads(raw) if raw else None
         if holder is None or holder.get("until", 0) <= time.time():
             return None
         return int(holder["pid"])
