@@ -40,7 +40,7 @@ from ralph_mail.errors import MailError
 from ralph_mail.message import Message, decode_lines
 from ralph_mail.store.base import TeamStore
 from ralph_mail.store.search import Query
-from ralph_mail.team import Team, load_team
+from ralph_mail.team import Team, load_team, parse_roster
 
 #: Messages the conversation pane shows at most.
 SHOWN: Final = 200
@@ -182,6 +182,7 @@ class Dashboard(App[None]):
         self._follower: threading.Thread | None = None
         self._sizes: dict[str, int] = {}
         self._tables: dict[str, dict[str, tuple[str | Text, ...]]] = {}  # what each shows
+        self._roster_raw = self.store.roster()  # the roster as loaded, to see it change
 
     # -- layout ---------------------------------------------------------------------------
 
@@ -259,7 +260,7 @@ class Dashboard(App[None]):
             for key, row in rows.items():
                 for column, old, new in zip(columns, shown[key], row, strict=True):
                     if str(old) != str(new):
-                        table.update_cell(key, column, new)
+                        table.update_cell(key, column, new, update_width=True)
         else:
             keep = table.cursor_row
             table.clear()
@@ -361,9 +362,19 @@ class Dashboard(App[None]):
             self._arrivals.append((time.monotonic(), arrived))
 
     def _tick(self) -> None:
-        """Once a second: presence and "seen" age without any event."""
-        self._refresh_roster()
-        self._refresh_status()
+        """Once a second: presence and "seen" age without any event, and the roster read
+        again when it changed (a description, a manager, a mode)."""
+        try:
+            raw = self.store.roster()
+            if raw != self._roster_raw:
+                self._roster_raw = raw
+                self.team = parse_roster(raw, self.team.home, self.team.name, self.store)
+            self._refresh_roster()
+            self._refresh_status()
+        except NoMatches:
+            return  # the app is closing
+        except MailError as exc:
+            self.query_one("#status", Static).update(f" {exc}")
 
     # -- actions --------------------------------------------------------------------------
 

@@ -184,3 +184,18 @@ def test_the_readme_screenshot_is_made_by_its_script(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert b"T-1.1 Check the Q4 numbers" in done.stdout
     assert (tmp_path / "top.svg").read_text().startswith("<svg")
+
+
+def test_a_roster_change_shows_without_a_restart(home: Path) -> None:
+    """A member's new description (team set, from anywhere) shows within the second."""
+    from ralph_mail.team import update_team
+
+    studio(home)
+
+    async def body(app: Dashboard, pilot: Pilot[None]) -> None:
+        await until(pilot, app, "drafts posts")
+        await asyncio.to_thread(update_team, "studio", home, member="analyst",
+                                description="reads the numbers")  # fmt: skip
+        await until(pilot, app, "reads the numbers")
+
+    drive(home, (120, 30), body)
