@@ -7,6 +7,7 @@ in `make_store` and must pass the same suite, as huey's backends pass its Storag
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from pathlib import Path
 
@@ -315,3 +316,25 @@ def test_waiter_wakes_on_a_channel_and_a_team_log(store: TeamStore) -> None:
             timer.join()
         finally:
             waiter.close()
+
+
+def test_a_claim_is_not_refused_because_someone_looked(store: TeamStore) -> None:
+    """`consumer` (who consumes this inbox? presence asks it) while a claim is made: the
+    claim never fails for it, and the look says no one or the claimer."""
+    stop = threading.Event()
+    seen: list[int | None] = []
+
+    def look() -> None:
+        while not stop.is_set():
+            seen.append(store.consumer("b"))
+
+    looker = threading.Thread(target=look)
+    looker.start()
+    try:
+        for _ in range(100):
+            store.claim("b")
+            store.release("b")
+    finally:
+        stop.set()
+        looker.join(30)
+    assert seen and set(seen) <= {None, os.getpid(), -1}  # -1: held, its pid not yet written

@@ -18,7 +18,7 @@ import weakref
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
@@ -527,7 +527,7 @@ class FileStore:
             else:
                 fd = open_file(f"{agent}.lock", os.O_RDWR | os.O_CREAT, self.dirs.get("consumers"))
                 try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    _lock_claim(fd)
                 except BlockingIOError:
                     holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
                     os.close(fd)
@@ -888,6 +888,25 @@ def _entries(data: bytes) -> list[tuple[str, int, int]]:
 def _dir_key(fd: int) -> tuple[int, int]:
     status = os.fstat(fd)
     return status.st_dev, status.st_ino
+
+
+#: How long a claim keeps trying when the lock is taken (s): `consumer` probes with a
+#: shared lock held for microseconds, and a claim meeting one must not fail; a consumer
+#: holds it for as long as it runs.
+_CLAIM_PATIENCE_S: Final = 0.05
+
+
+def _lock_claim(fd: int) -> None:
+    """The claim's exclusive flock; `BlockingIOError` when another consumer holds it."""
+    deadline = time.monotonic() + _CLAIM_PATIENCE_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.001)
 
 
 def _release(key: tuple[int, int, str]) -> None:
