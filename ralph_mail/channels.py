@@ -137,6 +137,11 @@ def delay_of(post_id: str, agent: str, most: int) -> float:
     return random.Random(f"{post_id}:{agent}").uniform(min(1.0, most), float(most))
 
 
+def listed(store: TeamStore) -> list[Channel]:
+    """Every channel of the team ``store`` keeps, by name."""
+    return sorted(parse(store.load_state(KEY)).values(), key=lambda c: c.name)
+
+
 def find(store: TeamStore, name: str) -> Channel:
     """Channel ``name`` of the team ``store`` keeps; `InvalidMessage` naming the
     channels when there is none."""
@@ -188,7 +193,7 @@ class Channels:
 
     def all(self) -> list[Channel]:
         """Every channel of the team, by name."""
-        return sorted(parse(self._store.load_state(KEY)).values(), key=lambda c: c.name)
+        return listed(self._store)
 
     def get(self, name: str) -> Channel:
         """Channel ``name``; `InvalidMessage` naming the channels when there is none.

@@ -34,8 +34,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, RichLog, Static
 
 from ralph_mail import presence, settings
-from ralph_mail.channels import KEY as CHANNELS
-from ralph_mail.channels import parse as parse_channels
+from ralph_mail.channels import listed
 from ralph_mail.errors import MailError
 from ralph_mail.message import Message, decode_lines
 from ralph_mail.store.base import TeamStore
@@ -235,8 +234,8 @@ class Dashboard(App[None]):
                 unread_of(self.store, name, self._unread),
                 Text(self.team.member(name).description),
             )  # fmt: skip
-        for channel in sorted(parse_channels(self.store.load_state(CHANNELS))):
-            rows[f"channel:{channel}"] = (f"#{channel}", "channel", "", "", "", "", "", "")
+        for channel in listed(self.store):
+            rows[f"channel:{channel.name}"] = (f"#{channel.name}", "channel", *[""] * 6)
         self._show(self.query_one("#roster", DataTable), rows)
 
     def _refresh_tasks(self) -> None:
@@ -324,7 +323,7 @@ class Dashboard(App[None]):
         """Wait on file events (every inbox, channel and the task log) and have the app's
         loop refresh at once; events that come meanwhile make one refresh after it."""
         keys = [*self.team.names, "log:tasks"]
-        keys += [f"#{c}" for c in parse_channels(self.store.load_state(CHANNELS))]
+        keys += [f"#{channel.name}" for channel in listed(self.store)]
         waiter = self.store.waiter(keys)
         try:
             while not self._stop.is_set():

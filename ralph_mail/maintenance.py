@@ -95,13 +95,13 @@ def collect(
         >>> collect("demo", home="/tmp/mail").removed        # doctest: +SKIP
         5120
     """
-    from ralph_mail.channels import KEY, parse
+    from ralph_mail.channels import listed
 
     roster = load_team(team, home)
     store = roster.store
     removed: list[Path] = []
     # Every inbox, then every channel's log (cut where its least advanced member is).
-    logs = [*roster.names, *(f"#{name}" for name in sorted(parse(store.load_state(KEY))))]
+    logs = [*roster.names, *(f"#{channel.name}" for channel in listed(store))]
     if not isinstance(store, FileStore):  # a backend of its own keeps its own house
         compactions = tuple(
             store.compact(agent, min_bytes, drop_before=drop_before) for agent in logs

@@ -69,12 +69,12 @@ def channel_list(
     """
 
     def action() -> int:
-        from ralph_mail.channels import KEY, parse
+        from ralph_mail.channels import listed
         from ralph_mail.team import load_team
 
         who = identity(home, team, agent)
         roster = load_team(who.need_team(), home)
-        found = sorted(parse(roster.store.load_state(KEY)).values(), key=lambda c: c.name)
+        found = listed(roster.store)
         me = who.agent
         records: list[dict[str, object]] = []
         rows = []

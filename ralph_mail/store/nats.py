@@ -335,18 +335,7 @@ class NatsStore:
         return found[0]
 
     def _kv_get(self, key: str) -> bytes | None:
-        from nats.js.errors import KeyNotFoundError
-
-        kv = self._bucket()
-
-        async def get() -> bytes | None:
-            try:
-                entry = await kv.get(key)
-            except KeyNotFoundError:
-                return None
-            return bytes(entry.value) if entry.value is not None else None
-
-        return self._run(get())
+        return self._kv_entry(key)[0]
 
     def _kv_entry(self, key: str) -> tuple[bytes | None, int]:
         from nats.js.errors import KeyNotFoundError
