@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import os
 import re
 import threading
@@ -229,16 +230,18 @@ class MessageBus:
         chain: tuple[str, ...] = (),
         *,
         check: str = "none",
+        in_thread: list[Message] | None = None,
     ) -> Message:
         """Write one message. ``check`` says what the team's policy decides of it:
         "contact" (rules, modes, rate: what an agent starts), "reply" (the strict mode
         only), "none" (acks, results, protocol messages). A message the policy holds
-        for approval is returned undelivered, with no ``ts``."""
+        for approval is returned undelivered, with no ``ts``. ``in_thread``: the
+        thread's messages, when the caller has just read them."""
         recipient = self._recipient(to)
         envelope = self._envelope(recipient, type, content, metadata, reply_to, id)
         _extend(envelope, thread, priority, ack, visibility, chain)
         if "thread" in envelope:
-            self._loop_guard(str(envelope["thread"]), visibility)
+            self._loop_guard(str(envelope["thread"]), visibility, in_thread)
         if check != "none":
             reason = self._govern([recipient], check)
             if reason:
@@ -838,14 +841,16 @@ class MessageBus:
         Example:
             >>> bus.reply(question, "Q4 revenue was $2.4M")  # doctest: +SKIP
         """
+        in_thread = None
         if message.type == MessageType.REQUEST:
-            for earlier in self._indexed(f"thread+{message.thread}", 1 << 62):
+            in_thread = self._indexed(f"thread+{message.thread}", 1 << 62)
+            for earlier in in_thread:
                 mine = earlier.from_agent == self.agent and earlier.reply_to == message.id
                 if mine and earlier.type == MessageType.REPLY:
                     return earlier
         return self._send(message.from_agent, MessageType.REPLY, content, metadata,
                           message.id, None, message.thread, priority, ack, visibility,
-                          check="reply")  # fmt: skip
+                          check="reply", in_thread=in_thread)  # fmt: skip
 
     def ask(
         self,
@@ -895,7 +900,9 @@ class MessageBus:
         extra = dict(check_metadata(metadata))
         if context is not None:
             extra["context"] = context
-        start = self._store.size(self.agent)
+        # Where the reply can be from: where this bus stopped reading my inbox (no
+        # round trip) or else its end.
+        start = self._scanned if self._cursor is not None else self._store.size(self.agent)
         request = self._send(to, MessageType.REQUEST, question, extra, None, id,
                              priority=priority, visibility=visibility, chain=chain,
                              check="contact")  # fmt: skip
@@ -911,7 +918,7 @@ class MessageBus:
             if not decided:
                 raise PermissionDenied(f"asking {to} was denied by the approver")
             timeout = max(0.0, deadline - time.monotonic())
-        return self._answer_of(request.id, to, start, timeout, stop)
+        return self._answer_of(request.id, to, start, timeout, stop, fresh=True)
 
     @contextlib.contextmanager
     def _awaiting_approval(self) -> Iterator[None]:
@@ -928,9 +935,16 @@ class MessageBus:
                     self._store.save_presence(self.agent, before)
 
     def _answer_of(
-        self, request_id: str, to: str, start: int, timeout: float, stop: StopEvent | None = None
+        self,
+        request_id: str,
+        to: str,
+        start: int,
+        timeout: float,
+        stop: StopEvent | None = None,
+        *,
+        fresh: bool = False,
     ) -> Message:
-        answer = self._await_reply(request_id, start, timeout, stop=stop)
+        answer = self._await_reply(request_id, start, timeout, stop=stop, fresh=fresh)
         if answer is None and stop is not None and stop.is_set():
             raise NoReply(f"stopped waiting for {to}'s answer: it comes to the inbox")
         if answer is None:
@@ -994,15 +1008,20 @@ class MessageBus:
             cutoff = format_ts(int((time.time() - older_than) * 1_000_000))
         return [m for m in wanted if m.id not in acked and (cutoff is None or m.ts <= cutoff)]
 
-    def _loop_guard(self, thread: str, visibility: str | None) -> None:
+    def _loop_guard(
+        self, thread: str, visibility: str | None, in_thread: list[Message] | None = None
+    ) -> None:
         """`LoopGuard` when the thread's last messages are all internal, as many as the
-        team's ``max_internal_exchanges``, and this one is internal too."""
+        team's ``max_internal_exchanges``, and this one is internal too (``in_thread``:
+        the thread's messages, read by the caller)."""
         if visibility == "user_visible":
             return
         limit = settings.team_setting("max_internal_exchanges", dict(self._team.config))
         if limit == 0:
             return
-        recent = self._indexed(f"thread+{thread}", limit)
+        if in_thread is None:
+            in_thread = self._indexed(f"thread+{thread}", limit)
+        recent = in_thread[-limit:]
         if len(recent) >= limit and all(m.visibility != "user_visible" for m in recent):
             raise LoopGuard(
                 f"thread {thread} carried {limit} internal messages in a row: stop and "
@@ -1029,14 +1048,19 @@ class MessageBus:
         kind: MessageType = MessageType.REPLY,
         *,
         stop: StopEvent | None = None,
+        fresh: bool = False,
     ) -> Message | None:
         """Read my inbox from ``start`` (without consuming) until the ``kind`` answering
-        ``request_id`` comes; consume it alone when this process may."""
+        ``request_id`` comes; consume it alone when this process may. ``fresh``: asked
+        just now, so the answer comes after this thread's waiter last woke (which wakes
+        for it): the wait comes before the first read."""
         deadline = time.monotonic() + timeout
         offset = start
         # One waiter per thread, kept for the bus's life: closing an inotify descriptor
         # can take the kernel milliseconds, which a waiter per ask paid every time.
         waiter: Waiter | None = getattr(self._ask_local, "waiter", None)
+        if fresh and waiter is not None:
+            waiter.wait(min(timeout, WATCH_SAFETY_POLL_S), stop)
         while True:
             data, offset = self._store.read(self.agent, offset, skip_collected=True)
             if data:
@@ -1066,7 +1090,7 @@ class MessageBus:
         # which starts nothing for a reply.
         with self._lock:
             try:
-                for _, pending in self._refresh():
+                for _, pending in self._refresh(until=message):
                     if pending.id == message.id and pending.ts == message.ts:
                         self.consume(pending)
                         return
@@ -1157,11 +1181,14 @@ class MessageBus:
             self._pending = deque()
         return self._cursor
 
-    def _refresh(self, starts: bool = True) -> deque[tuple[int, Message]]:
+    def _refresh(
+        self, starts: bool = True, until: Message | None = None
+    ) -> deque[tuple[int, Message]]:
         """Read what arrived since the last read into the pending list; return it.
 
         With ``starts=False`` (`poll`, which consumes everything it reads) clean lines get
-        no line offsets: computing them is a third of the cost of a read. A call that
+        no line offsets: computing them is a third of the cost of a read. ``until``: stop
+        reading once that message is pending (the rest is read next time). A call that
         raises (an interrupt, an I/O error) forgets what it read, so nothing half-read is
         kept: the next call reads again from the cursor on disk.
         """
@@ -1177,7 +1204,15 @@ class MessageBus:
                     cursor = self._restart(offset)
                 if not data:
                     return self._pending
+                before = len(self._pending)
                 self._take_lines(cursor, data, offset, starts)
+                if until is not None and any(
+                    (m.id, m.ts) == (until.id, until.ts)
+                    for _, m in itertools.islice(
+                        reversed(self._pending), len(self._pending) - before
+                    )
+                ):
+                    return self._pending
         except BaseException:
             self._cursor = None
             raise
@@ -1363,11 +1398,14 @@ class MessageBus:
         if found or timeout == 0:
             return found
         deadline = None if timeout is None else time.monotonic() + timeout
+        look = self._watcher is None  # a watcher made now missed what came before it
         watcher = self._watch()
         while True:
-            found = attempt()  # also catches what arrived while the watcher started
-            if found or (stop is not None and stop.is_set()):
-                return found
+            if look:  # (one that was there already is woken by it: no second read)
+                found = attempt()
+                if found or (stop is not None and stop.is_set()):
+                    return found
+            look = True
             remaining = WATCH_SAFETY_POLL_S
             if deadline is not None:
                 remaining = min(remaining, deadline - time.monotonic())

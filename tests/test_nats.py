@@ -124,7 +124,9 @@ def test_a_consumer_killed_between_handling_and_committing_gets_it_again(
     home: Path, tmp_path: Path, procs: Processes
 ) -> None:
     """kill -9 after handling, before committing: once its lease lapses, the next
-    consumer gets that message again (at least once), and ids make it handled once."""
+    consumer gets that message again (at least once), and ids make it handled once.
+    Commits are stored in the background: the last ones before a kill -9 may not be,
+    so the next consumer may start a few messages earlier, never later."""
     url = fresh_nats()
     create_team("demo", ["lead", "w"], home=home, backend=url)
     lead = MessageBus("demo", "lead", home, backend=url)
@@ -144,7 +146,7 @@ def test_a_consumer_killed_between_handling_and_committing_gets_it_again(
         assert time.monotonic() < deadline and second.poll() in (None, 0), second.stderr.read()  # type: ignore[union-attr]
         time.sleep(0.05)
     handled = seen.read_text().split()
-    assert handled[:20] == sent[:20] and handled[20] == sent[19]  # the 20th came again
+    assert handled[:20] == sent[:20] and handled[20] in sent[:20]  # the 20th comes again
     assert list(dict.fromkeys(handled)) == sent  # by id: each once, in order
     lead.close()
 

@@ -69,8 +69,13 @@ def lease_s() -> float:
 
 #: How long one request to the server may take (s).
 REQUEST_S: Final = 10.0
-#: How soon a waiter looks again after a wake-up (s): see `_Waiter`.
-RECHECK_S: Final = 0.005
+#: Index messages read first, hoping they are all (see `NatsStore.index_tail`).
+INDEX_PROBE: Final = 64
+#: How long a read asked ahead serves the next read of its thread (s): see `NatsStore.read`.
+AHEAD_S: Final = 0.02
+#: Lines a feed keeps for reads at most, and bytes (see `_Feed`).
+FEED_LINES: Final = 2000
+FEED_BYTES: Final = 1 << 20
 #: Tries of an append that keeps losing the race for its subject's end.
 APPEND_TRIES: Final = 1000
 _ID = re.compile(rb'"id":"([0-9a-f]{12})"')
@@ -107,10 +112,49 @@ class _Loop:
         async def quiet(_: Exception) -> None:
             """Connection trouble surfaces in the call that meets it, not as log noise."""
 
+        async def reconnected() -> None:
+            for feed in list(self.feeds):  # a restarted server lost their consumers
+                self._restarts.add(restart := asyncio.ensure_future(feed.restart()))
+                restart.add_done_callback(self._restarts.discard)
+
+        self.feeds: set[_Pushed] = set()  # the process's consumers on this connection
+        self._restarts: set[asyncio.Future[None]] = set()
         connecting = nats.connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.2,
-                                  connect_timeout=5, error_cb=quiet)  # fmt: skip
+                                  connect_timeout=5, error_cb=quiet,
+                                  reconnected_cb=reconnected)  # fmt: skip
         self.nc: Any = self.run(connecting)
         self.js: Any = self.nc.jetstream(timeout=REQUEST_S)
+        self._batches: dict[str, tuple[list[Any], asyncio.Future[tuple[list[Any], int]]]] = {}
+        self._replies = self.nc.new_inbox()
+        self._asked = 0
+        self.run(self.nc.subscribe(f"{self._replies}.*", cb=self._answered))
+
+    async def _answered(self, msg: Any) -> None:
+        waiting = self._batches.get(msg.subject.rpartition(".")[2])
+        if waiting is None:
+            return  # given up on
+        found, done = waiting
+        if msg.headers and "Status" in msg.headers:  # 204 end of batch, 404 nothing there
+            if not done.done():
+                done.set_result((found, int(msg.headers.get("Nats-Num-Pending", 0))))
+        else:
+            found.append(msg)
+
+    async def batch(self, stream: str, request: dict[str, Any]) -> tuple[list[Any], int]:
+        """The messages a batched direct get answers with, and how many more match after
+        them: one subscription serves every call (one per call cost more than the round
+        trip's own work)."""
+        self._asked += 1
+        token = str(self._asked)
+        done = self.loop.create_future()
+        self._batches[token] = ([], done)
+        try:
+            await self.nc.publish(f"$JS.API.DIRECT.GET.{stream}", orjson.dumps(request),
+                                  reply=f"{self._replies}.{token}")  # fmt: skip
+            found: tuple[list[Any], int] = await asyncio.wait_for(done, REQUEST_S)
+            return found
+        finally:
+            del self._batches[token]
 
     @classmethod
     def of(cls, url: str) -> _Loop:
@@ -128,38 +172,193 @@ class _Loop:
             return made
 
     def run(self, coro: Coroutine[Any, Any, _T], timeout: float = REQUEST_S) -> _T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        """Run ``coro`` on the loop's thread and wait for it: a task and one lock, a
+        fifth cheaper than ``run_coroutine_threadsafe``'s futures (a store call makes
+        one or more of these hops)."""
+        done, made = threading.Lock(), []
+        done.acquire()
+
+        def start() -> None:
+            task = self.loop.create_task(coro)
+            made.append(task)
+            task.add_done_callback(lambda _: done.release())
+
+        self.loop.call_soon_threadsafe(start)
+        if not done.acquire(timeout=timeout):
+            self.loop.call_soon_threadsafe(lambda: made and made[0].cancel())
+            raise TimeoutError(f"no answer within {timeout:g} s")
+        result: _T = made[0].result()
+        return result
+
+
+class _Pushed:
+    """An ephemeral consumer of ours (memory, no acks) pushing to a subscription of
+    ours; started again after a reconnect (a restarted server forgot it)."""
+
+    def __init__(self, link: _Loop, stream: str) -> None:
+        self._link, self._stream = link, stream
+        self._last_seq = 0  # the last stream sequence delivered
+        self._sub: Any = None
+        self._consumer = ""
+
+    def _config(self) -> Any:
+        """The consumer's filter and where it starts (`_last_seq`: restarted)."""
+        raise NotImplementedError
+
+    async def _take(self, msg: Any) -> None:
+        raise NotImplementedError
+
+    async def start(self) -> Any:
+        from nats.js.api import AckPolicy
+
+        deliver = self._link.nc.new_inbox()
+        self._sub = await self._link.nc.subscribe(deliver, cb=self._take)  # first
+        config = self._config()
+        config.deliver_subject, config.ack_policy = deliver, AckPolicy.NONE
+        config.mem_storage, config.num_replicas, config.inactive_threshold = True, 1, 60.0
+        info = await self._link.js.add_consumer(self._stream, config=config)
+        self._consumer = info.name
+        self._link.feeds.add(self)
+        return info
+
+    async def stop(self) -> None:
+        self._link.feeds.discard(self)
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            with contextlib.suppress(Exception):  # a server gone: its consumers went too
+                await sub.unsubscribe()
+                await self._link.js.delete_consumer(self._stream, self._consumer)
+
+    async def restart(self) -> None:
+        """Start again after a reconnect, trying while JetStream recovers."""
+        old, self._sub = self._sub, None
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await old.unsubscribe()
+        for _ in range(100):
+            if self not in self._link.feeds:
+                return
+            try:
+                await self.start()
+                break
+            except Exception:
+                await asyncio.sleep(0.2)
+        self.restarted()
+
+    def restarted(self) -> None:
+        """Called once started again."""
+
+
+class _Feed(_Pushed):
+    """The lines of one subject, pushed by the server as it stores them.
+
+    It wakes the waiters watching the subject, and keeps the last lines it was given (up
+    to `FEED_LINES` and `FEED_BYTES`) by offset, each with the offset of the next line:
+    a read from an offset it holds is served here, without a round trip. Each line kept
+    is a fact about the stream (what starts at that offset), so deliveries that repeat,
+    skip or restart (a reconnect) cannot make a read wrong, only send it to the server.
+    It is fed on the loop's thread and read on the caller's (a hop saved), under a lock.
+    """
+
+    def __init__(self, link: _Loop, stream: str, subject: str) -> None:
+        super().__init__(link, stream)
+        self.subject = subject
+        self.events: set[threading.Event] = set()
+        self.lines: dict[int, tuple[bytes, int, int]] = {}  # offset -> line, seq, next
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def _config(self) -> Any:
+        from nats.js.api import ConsumerConfig, DeliverPolicy
+
+        if self._last_seq:  # from where the last one stopped
+            return ConsumerConfig(filter_subject=self.subject, opt_start_seq=self._last_seq + 1,
+                                  deliver_policy=DeliverPolicy.BY_START_SEQUENCE)  # fmt: skip
+        return ConsumerConfig(filter_subject=self.subject, deliver_policy=DeliverPolicy.NEW)
+
+    def restarted(self) -> None:
+        self.wake()  # to read what came meanwhile
+
+    async def _take(self, msg: Any) -> None:
+        data, offset = msg.data or b"", int(msg.headers["Ralph-Offset"])
+        seq = msg.metadata.sequence.stream
+        self._last_seq = max(self._last_seq, seq)
+        with self._lock:
+            if offset not in self.lines:
+                self.lines[offset] = (data, seq, offset + len(data) + 1)
+                self._bytes += len(data)
+                while len(self.lines) > FEED_LINES or self._bytes > FEED_BYTES:
+                    self._bytes -= len(self.lines.pop(next(iter(self.lines)))[0])
+        self.wake()
+
+    def wake(self) -> None:
+        for event in self.events:
+            event.set()
+
+    def read(self, offset: int, count: int) -> tuple[list[bytes], int, int] | None:
+        """The lines held from ``offset`` on (at most ``count``), the offset after them
+        and the stream sequence of the last; None when it holds no line there."""
+        lines: list[bytes] = []
+        at, seq = offset, 0
+        with self._lock:
+            while at in self.lines and len(lines) < count:
+                line, seq, at = self.lines[at]
+                lines.append(line)
+        return (lines, at, seq) if lines else None
+
+    def forget(self) -> None:
+        with self._lock:
+            self.lines.clear()
+            self._bytes = 0
+
+
+class _Keys(_Pushed):
+    """The values of the bucket's watched keys (presence, claims, state, an inbox's
+    start), pushed by the server as they change: the last of each first, then every
+    change. Cursors and rates, written at every read and contact, are not watched."""
+
+    WATCHED: Final = ("presence", "claim", "state", "base")
+
+    def __init__(self, link: _Loop, bucket: str) -> None:
+        super().__init__(link, f"KV_{bucket}")
+        self._prefix = f"$KV.{bucket}."
+        self.values: dict[str, tuple[bytes, int] | None] = {}
+        self.ready = threading.Event()
+
+    def _config(self) -> Any:
+        from nats.js.api import ConsumerConfig, DeliverPolicy
+
+        watched = [f"{self._prefix}{kind}.>" for kind in self.WATCHED]
+        return ConsumerConfig(filter_subjects=watched,
+                              deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)  # fmt: skip
+
+    async def start(self) -> Any:
+        info = await super().start()
+        if not info.num_pending:
+            self.ready.set()
+        return info
+
+    async def _take(self, msg: Any) -> None:
+        key, meta = msg.subject[len(self._prefix) :], msg.metadata
+        operation = msg.headers.get("KV-Operation") if msg.headers else None
+        known = self.values.get(key)
+        if known is None or known[1] < meta.sequence.stream:  # not older than my own write
+            gone = operation in ("DEL", "PURGE")
+            self.values[key] = None if gone else (bytes(msg.data or b""), meta.sequence.stream)
+        if not meta.num_pending:
+            self.ready.set()
 
 
 class _Waiter:
-    """Woken by the server when a message reaches one of its subjects.
+    """Woken by the server when a line is stored in one of its subjects (their feeds')."""
 
-    A subscriber can hear of a message a moment before the stream has stored it, so a
-    read right after a wake-up may not find it yet: the wait after a wake-up returns
-    again after `RECHECK_S` (one more read) even when nothing new was heard.
-    """
-
-    def __init__(self, link: _Loop, subjects: list[str]) -> None:
-        self._link = link
+    def __init__(self, store: NatsStore, subjects: list[str]) -> None:
+        self._store = store
         self._event = threading.Event()
-        self._recheck = False
-
-        async def woken(_: Any) -> None:
-            self._event.set()
-
-        async def subscribe() -> list[Any]:
-            subs = [await link.nc.subscribe(subject, cb=woken) for subject in subjects]
-            await link.nc.flush()
-            return subs
-
-        self._subs = link.run(subscribe())
+        self._subjects = subjects
+        store._run(store._watch(subjects, self._event))
 
     def wait(self, timeout: float, stop: StopEvent | None = None) -> bool:
-        if self._recheck:  # the last wake-up's message may have been stored since
-            self._recheck = False
-            self._event.wait(min(timeout, RECHECK_S))
-            self._event.clear()
-            return True
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
@@ -167,18 +366,13 @@ class _Waiter:
                 return False
             if self._event.wait(min(left, 0.05) if stop is not None else left):
                 self._event.clear()
-                self._recheck = True
                 return True
 
     def close(self) -> None:
-        async def unsubscribe() -> None:
-            for sub in self._subs:
-                await sub.unsubscribe()
-
-        if self._subs:
-            with contextlib.suppress(Exception):  # a server gone: the subscriptions went too
-                self._link.run(unsubscribe(), timeout=2.0)
-            self._subs = []
+        if self._subjects:
+            with contextlib.suppress(Exception):  # a server gone: the consumers went too
+                self._store._link.run(self._store._unwatch(self._subjects, self._event), 2.0)
+            self._subjects = []
 
 
 class NatsStore:
@@ -196,7 +390,10 @@ class NatsStore:
         self._queued: dict[str, list[bytes]] = {}  # index subject -> entries to write
         self._log_cache: dict[str, tuple[bytes, int]] = {}  # team log -> read so far, end
         self._locks: dict[str, asyncio.Lock] = {}  # subject -> appends here, one at a time
+        self._feeds: dict[str, _Feed] = {}  # subject -> its feed, while a waiter watches it
+        self._ahead: dict[tuple[int, str], tuple[int, float, Any]] = {}  # see read
         self._cache: dict[str, tuple[bytes, int] | None] | None = None  # see _watched
+        self._keys: _Keys | None = None
         self._renewer: threading.Thread | None = None
         self._search: SearchIndex | None = None
         self._closed = threading.Event()
@@ -248,22 +445,12 @@ class NatsStore:
     async def _batch(self, subject: str, seq: int, count: int) -> list[Any]:
         """Up to ``count`` messages of ``subject`` from stream sequence ``seq``: one
         batched direct get."""
-        nc = self._link.nc
-        inbox = nc.new_inbox()
-        sub = await nc.subscribe(inbox)
-        try:
-            request = {"seq": max(1, seq), "next_by_subj": subject, "batch": count}
-            await nc.publish(f"$JS.API.DIRECT.GET.{self.stream}", orjson.dumps(request),
-                             reply=inbox)  # fmt: skip
-            found: list[Any] = []
-            while True:
-                msg = await sub.next_msg(timeout=REQUEST_S)
-                status = msg.headers.get("Status") if msg.headers else None
-                if status is not None:
-                    return found  # 204 end of batch, 404 nothing there
-                found.append(msg)
-        finally:
-            await sub.unsubscribe()
+        return (await self._after(subject, seq, count))[0]
+
+    async def _after(self, subject: str, seq: int, count: int) -> tuple[list[Any], int]:
+        """`_batch`, and how many messages of ``subject`` follow those."""
+        request = {"seq": max(1, seq), "next_by_subj": subject, "batch": count}
+        return await self._link.batch(self.stream, request)
 
     @staticmethod
     def _offset(msg: Any) -> int:
@@ -445,30 +632,69 @@ class NatsStore:
             return await put()
 
     def read(self, agent: str, offset: int, *, skip_collected: bool = False) -> tuple[bytes, int]:
-        return self._read(self._subject(agent), offset)
+        """From ``offset`` on. A read its subject's feed answers asks the server at once,
+        in the background, what follows: the caller reads there next (a poll reads to
+        the end), and that answer, asked after this read started, is as fresh as this
+        read; it serves only this thread's next read of the subject, within `AHEAD_S`."""
+        subject = self._subject(agent)
+        mine = (threading.get_ident(), subject)
+        ahead = self._ahead.pop(mine, None)
+        held = self._held(subject, offset, READ_BATCH)
+        if held is not None:
+            data, after = held
+            if len(self._ahead) > 1000:
+                self._ahead.clear()
+            if ahead is None or ahead[0] != after or time.monotonic() - ahead[1] >= AHEAD_S:
+                asking = self._fetch(subject, after, READ_BATCH)
+                future = asyncio.run_coroutine_threadsafe(asking, self._link.loop)
+                ahead = (after, time.monotonic(), future)
+            self._ahead[mine] = ahead  # (one asked by a read of the same lines just before)
+            return data, offset
+        if ahead is not None and ahead[0] == offset and time.monotonic() - ahead[1] < AHEAD_S:
+            with contextlib.suppress(Exception):  # else asked again, to raise what it meets
+                answer: tuple[bytes, int] = ahead[2].result(REQUEST_S)
+                return answer
+        return self._run(self._fetch(subject, offset, READ_BATCH))
 
     def _read(self, subject: str, offset: int, count: int = READ_BATCH) -> tuple[bytes, int]:
-        async def read() -> tuple[bytes, int]:
+        held = self._held(subject, offset, count)
+        return held if held is not None else self._run(self._fetch(subject, offset, count))
+
+    def _held(self, subject: str, offset: int, count: int) -> tuple[bytes, int] | None:
+        """What the subject's feed holds from ``offset`` (no round trip, not even a hop),
+        and the offset after it; None when it holds nothing there."""
+        feed = self._feeds.get(subject)
+        held = feed.read(offset, count) if feed is not None else None
+        if held is None:
+            return None
+        lines, after, seq = held
+        self._remember(subject, after, seq + 1)
+        return b"".join(line + b"\n" for line in lines), after
+
+    async def _fetch(self, subject: str, offset: int, count: int) -> tuple[bytes, int]:
+        """Up to ``count`` lines from ``offset`` (or from the first line kept, when it
+        is below that) and where they start, asked of the server."""
+        at = await self._seq_at(subject, offset)
+        if at is None:
+            return b"", offset
+        seq, start = at
+        found = await self._batch(subject, seq, count)
+        # Nothing from the stream sequence of a line's offset on: nothing from the offset
+        # on (lines follow each other in both). A line that starts elsewhere: a stale
+        # position (purged), looked up again.
+        if found and self._offset(found[0]) != start:
+            self._seqs.pop(subject, None)
             at = await self._seq_at(subject, offset)
             if at is None:
                 return b"", offset
             seq, start = at
             found = await self._batch(subject, seq, count)
-            if not found or self._offset(found[0]) != start:
-                self._seqs.pop(subject, None)  # a stale position: look it up again
-                at = await self._seq_at(subject, offset)
-                if at is None:
-                    return b"", offset
-                seq, start = at
-                found = await self._batch(subject, seq, count)
-            lines = [bytes(msg.data or b"") for msg in found]
-            if found:
-                last = found[-1]
-                after = self._offset(last) + len(last.data or b"") + 1
-                self._remember(subject, after, self._seq(last) + 1)
-            return b"".join(line + b"\n" for line in lines), start
-
-        return self._run(read())
+        lines = [bytes(msg.data or b"") for msg in found]
+        if found:
+            last = found[-1]
+            after = self._offset(last) + len(last.data or b"") + 1
+            self._remember(subject, after, self._seq(last) + 1)
+        return b"".join(line + b"\n" for line in lines), start
 
     def read_tail(self, agent: str, lines: int) -> tuple[list[bytes], int]:
         subject = self._subject(agent)
@@ -521,6 +747,8 @@ class NatsStore:
                         await self._link.js.purge_stream(self.stream, subject=subject,
                                                          seq=self._seq(msg))  # fmt: skip
                         self._seqs.pop(subject, None)
+                        if subject in self._feeds:
+                            self._feeds[subject].forget()
                         return self._offset(msg)
                 position = self._seq(found[-1])
 
@@ -568,23 +796,26 @@ class NatsStore:
             queue.append(orjson.dumps([agent, offset, length]))
             first = len(queue) == 1
         if first:  # entries that come while it writes go in its next message
-            self._later(self._drain(subject))
+            self._later("index", self._drain(subject))
 
     async def _drain(self, subject: str) -> None:
-        """Write the queued index entries of ``subject``, all there are in one message."""
+        """Write the queued index entries of ``subject``, all there are in one message.
+        An index is not a log: its messages carry no offsets, so writers need not take
+        turns (the bus orders what it finds by ts)."""
         while True:
             with _PENDING_LOCK:
                 entries = self._queued.pop(subject, [])
             if not entries:
                 return
-            await self._put_async(subject, b"\n".join(entries), b"", stamp=False)
+            await self._link.js.publish(subject, b"\n".join(entries))
 
-    def _flush(self) -> None:
-        """Wait for the index entries this process is still writing (any store's: a
-        bus reads what another bus of the process wrote, as on files)."""
+    def _flush(self, kind: str = "") -> None:
+        """Wait for the writes of ``kind`` ("index" entries, "cursor"s; all by default)
+        this process is still making (any store's: a bus reads what another bus of the
+        process wrote, as on files)."""
         with _PENDING_LOCK:
-            pending = list(_PENDING)
-            _PENDING.clear()
+            pending = [f for k, f in _PENDING if kind in ("", k)]
+            _PENDING[:] = [(k, f) for k, f in _PENDING if kind not in ("", k)]
         for future in pending:
             try:
                 future.result(REQUEST_S)
@@ -596,15 +827,46 @@ class NatsStore:
                               stacklevel=3)  # fmt: skip
 
     def index_tail(self, key: str, count: int) -> list[tuple[str, int, int]]:
-        self._flush()
-        lines, _ = self.read_tail(f"ix:{key}", count)  # a line holds one entry or more
+        self._flush("index")
+        subject = self._subject(f"ix:{key}")
+
+        async def tail() -> list[Any]:
+            """The last ``count`` messages (a message: one entry or more). An index of
+            fewer than `INDEX_PROBE` (a thread's) is one round trip."""
+            found, after = await self._after(subject, 1, INDEX_PROBE)
+            if not after or not count:
+                return found[-count:] if count else []
+            start = self._seq(found[0])
+            if len(found) + after > count:  # the first of the last `count`, by bisection
+                last = await self._get(subject)
+                low, high = start, self._seq(last) if last is not None else start
+                while low <= high:
+                    middle = (low + high) // 2
+                    probe, following = await self._after(subject, middle, 1)
+                    if not probe or following < count - 1:
+                        high = middle - 1
+                    else:
+                        start = self._seq(probe[0])
+                        if following == count - 1:
+                            break
+                        low = start + 1
+            kept: list[Any] = []
+            while True:
+                found, after = await self._after(subject, start, READ_BATCH)
+                kept += found
+                if not after or not found:
+                    return kept[-count:]
+                start = self._seq(found[-1]) + 1
+
+        messages = self._run(tail())
+        lines = [bytes(msg.data or b"") for msg in messages]
         entries = [entry for line in lines for entry in line.split(b"\n")][-count:] if count else []
         return [(str(a), int(o), int(n)) for a, o, n in map(orjson.loads, entries)]
 
     # -- cursors, claims ------------------------------------------------------------------
 
     def load_cursor(self, agent: str) -> Cursor:
-        self._flush()
+        self._flush("cursor")
         raw = self._kv_get(f"cursor.{_key(agent)}")
         if raw is None:
             return Cursor(0)
@@ -620,13 +882,13 @@ class NatsStore:
         # In the background, in order: a crash before it is stored leaves the old cursor
         # (what was consumed since comes again: at least once); close and every cursor
         # load of this process wait for it.
-        self._later(self._bucket().put(f"cursor.{_key(agent)}", orjson.dumps(record)))
+        self._later("cursor", self._bucket().put(f"cursor.{_key(agent)}", orjson.dumps(record)))
 
-    def _later(self, write: Coroutine[Any, Any, Any]) -> None:
+    def _later(self, kind: str, write: Coroutine[Any, Any, Any]) -> None:
         """Start ``write`` on the loop without waiting; `_flush` waits for it."""
         with _PENDING_LOCK:
-            _PENDING[:] = [f for f in _PENDING if not f.done()]
-            _PENDING.append(asyncio.run_coroutine_threadsafe(write, self._link.loop))
+            _PENDING[:] = [(k, f) for k, f in _PENDING if not f.done()]
+            _PENDING.append((kind, asyncio.run_coroutine_threadsafe(write, self._link.loop)))
 
     def claim(self, agent: str) -> None:
         if agent in self._claims:
@@ -775,14 +1037,35 @@ class NatsStore:
         return readers
 
     def collectable(self, agent: str, floor: int) -> int:
-        return max(0, floor - self._base(agent))
+        """From the bucket's watch (a test after every consume: no round trip); a base
+        moved a moment ago elsewhere only makes `compact` look, and it reads it exactly."""
+        found = self._watched(f"base.{_key(agent)}")
+        return max(0, floor - (int(found[0]) if found is not None else 0))
 
     def drop_cursor(self, key: str) -> None:
         kv = self._bucket()
         self._run(kv.delete(f"cursor.{_key(key)}"))
 
     def waiter(self, agents: list[str]) -> _Waiter:
-        return _Waiter(self._link, [self._subject(key) for key in agents])
+        return _Waiter(self, [self._subject(key) for key in agents])
+
+    async def _watch(self, subjects: list[str], event: threading.Event) -> None:
+        for subject in subjects:
+            feed = self._feeds.get(subject)
+            if feed is None:
+                feed = _Feed(self._link, self.stream, subject)
+                await feed.start()
+                self._feeds[subject] = feed
+            feed.events.add(event)
+
+    async def _unwatch(self, subjects: list[str], event: threading.Event) -> None:
+        for subject in subjects:
+            feed = self._feeds.get(subject)
+            if feed is not None:
+                feed.events.discard(event)
+                if not feed.events:
+                    del self._feeds[subject]
+                    await feed.stop()
 
     def create_log(self, key: str) -> None:
         from nats.js.errors import KeyWrongLastSequenceError
@@ -837,28 +1120,17 @@ class NatsStore:
         return None if found is None else (found[1],)
 
     def _watched(self, key: str) -> tuple[bytes, int] | None:
-        """``key``'s value and revision as a watch of the whole bucket has them: the
-        server pushes every change, so presence, claims and state versions cost no round
-        trip (a change reaches this process within the server's delivery time)."""
+        """``key``'s value and revision as a watch of the bucket has them (`_Keys`): the
+        server pushes every change, so presence, claims, state versions and an inbox's
+        start cost no round trip (a change reaches this process within the server's
+        delivery time)."""
         if self._cache is None:
-            cache: dict[str, tuple[bytes, int] | None] = {}
-            kv, ready = self._bucket(), threading.Event()
-
-            async def watch() -> None:
-                watcher = await kv.watch(">")
-                async for entry in watcher:
-                    if entry is None:  # the initial values are in
-                        ready.set()
-                        continue
-                    cache[entry.key] = ((bytes(entry.value), entry.revision)
-                                        if entry.value else None)  # fmt: skip
-                    if self._closed.is_set():
-                        await watcher.stop()
-
-            asyncio.run_coroutine_threadsafe(watch(), self._link.loop)
-            if not ready.wait(REQUEST_S):
+            self._bucket()  # the team exists
+            keys = _Keys(self._link, self.stream)
+            self._run(keys.start())
+            if not keys.ready.wait(REQUEST_S):
                 raise StoreError(f"NATS {self.url}: no answer to a watch of the team's bucket")
-            self._cache = cache
+            self._keys, self._cache = keys, keys.values
         return self._cache.get(key)
 
     def state_where(self, key: str) -> str:
@@ -885,13 +1157,17 @@ class NatsStore:
         self._closed.set()
         for agent in list(self._claims):
             self.release(agent)
+        if self._keys is not None:
+            keys, self._keys, self._cache = self._keys, None, None
+            with contextlib.suppress(Exception):  # a server gone: its consumers went too
+                self._link.run(keys.stop(), 2.0)
         if self._search is not None:
             self._search.close()
             self._search = None
 
 
 #: Writes this process has under way in the background (index entries, cursors).
-_PENDING: list[concurrent.futures.Future[Any]] = []
+_PENDING: list[tuple[str, concurrent.futures.Future[Any]]] = []
 _PENDING_LOCK = threading.Lock()
 
 
