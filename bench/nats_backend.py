@@ -4,7 +4,10 @@ the same server (the floor), with the file backend's figures beside them.
 * send throughput: ``bus.send`` on JetStream against a raw ``js.publish`` with its ack
   (one at a time, as a send is), and against ``bus.send`` on files.
 * ask round trip between two processes: on JetStream against a raw nats-py
-  request/reply between two processes, and against the same ask on files.
+  request/reply between two processes (the issue's floor), against the same exchange
+  stored both ways (each side publishes to a stream with its ack, a push consumer
+  delivers: what an ask that survives a crash needs at the least), and against the same
+  ask on files.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from bench.common import Row, Section, Sizes, Workspace, child_env, optional_module, ralph
 
@@ -48,6 +53,28 @@ async def main():
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
 asyncio.run(main())
 """
+#: A raw JetStream responder: a request stored in a stream reaches it through a push
+#: consumer, and it stores its answer (with its ack): the floor of a stored exchange.
+STORED_RESPONDER = """
+import asyncio, sys
+import nats
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+async def main():
+    nc = await nats.connect(sys.argv[1])
+    js = nc.jetstream()
+    async def answer(msg):
+        await js.publish("pingpong.reply", msg.data)
+    await js.subscribe("pingpong.ask", cb=answer, stream="PINGPONG", config=ConsumerConfig(
+        ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.NEW))
+    await nc.flush()
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+asyncio.run(main())
+"""
+
+
+#: Readies one timed exchange on a connection (see `_exchanges`).
+Prepare = Callable[[Any], Awaitable[Callable[[], Awaitable[object]]]]
 
 
 def _server(ws: Workspace) -> tuple[subprocess.Popen[bytes], str] | str:
@@ -123,31 +150,65 @@ def _asks(rm: ModuleType, home: Path, url: str, n: int) -> list[float]:
         replier.wait(timeout=30)
 
 
-def _raw_requests(url: str, n: int) -> list[float]:
+def _exchanges(responder: str, url: str, n: int, prepare: Prepare) -> list[float]:
+    """Start ``responder`` (a script answering on ``url``), then time ``n`` exchanges
+    (after 3 unmeasured) made by the one ``prepare`` readies on a connection (ms)."""
     import nats
 
-    responder = subprocess.Popen([sys.executable, "-c", RESPONDER, url], text=True,
+    answering = subprocess.Popen([sys.executable, "-c", responder, url], text=True,
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                  env=child_env())  # fmt: skip
-    assert responder.stdout is not None and responder.stdin is not None
+    assert answering.stdout is not None and answering.stdin is not None
 
     async def main() -> list[float]:
         nc = await nats.connect(url)
+        exchange = await prepare(nc)
         trips = []
         for i in range(n + 3):
             t0 = time.perf_counter()
-            await nc.request("bench.echo", b"ping", timeout=10)
+            await exchange()
             if i >= 3:
                 trips.append((time.perf_counter() - t0) * 1e3)
         await nc.close()
         return trips
 
     try:
-        assert responder.stdout.readline().strip() == "ready"
+        assert answering.stdout.readline().strip() == "ready"
         return asyncio.run(main())
     finally:
-        responder.stdin.close()
-        responder.wait(timeout=30)
+        answering.stdin.close()
+        answering.wait(timeout=30)
+
+
+def _raw_requests(url: str, n: int) -> list[float]:
+    async def prepare(nc: Any) -> Callable[[], Awaitable[object]]:
+        return lambda: nc.request("bench.echo", b"ping", timeout=10)
+
+    return _exchanges(RESPONDER, url, n, prepare)
+
+
+def _raw_stored_requests(url: str, n: int) -> list[float]:
+    import nats
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
+
+    async def setup() -> None:
+        nc = await nats.connect(url)
+        await nc.jetstream().add_stream(StreamConfig(name="PINGPONG", subjects=["pingpong.>"]))
+        await nc.close()
+
+    async def prepare(nc: Any) -> Callable[[], Awaitable[object]]:
+        js, replies = nc.jetstream(), asyncio.Queue[object]()
+        config = ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.NEW)
+        await js.subscribe("pingpong.reply", cb=replies.put, stream="PINGPONG", config=config)
+
+        async def exchange() -> object:
+            await js.publish("pingpong.ask", b"ping")
+            return await asyncio.wait_for(replies.get(), 10)
+
+        return exchange
+
+    asyncio.run(setup())
+    return _exchanges(STORED_RESPONDER, url, n, prepare)
 
 
 def run(sizes: Sizes, ws: Workspace) -> Section:
@@ -161,11 +222,14 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
                             anchor=raw_pub.key))  # fmt: skip
     raw_req = sec.add(Row("nats_raw_request", "nats-py request/reply between two processes "
                           "(the floor, p50)", "ms", "lower"))  # fmt: skip
+    raw_stored = sec.add(Row("nats_raw_stored_request", "nats-py request/reply stored both "
+                             "ways: publish with ack, push consumer (p50)", "ms", "lower",
+                             anchor=raw_req.key))  # fmt: skip
     nats_ask = sec.add(Row("nats_ask", "ask round trip on JetStream (p50)", "ms", "lower",
                            anchor=raw_req.key))  # fmt: skip
     file_ask = sec.add(Row("file_ask", "ask round trip on files (p50)", "ms", "lower",
                            anchor=raw_req.key))  # fmt: skip
-    rows = (raw_pub, nats_send, file_send, raw_req, nats_ask, file_ask)
+    rows = (raw_pub, nats_send, file_send, raw_req, raw_stored, nats_ask, file_ask)
     rm, missing = ralph(), optional_module("nats")
     if isinstance(rm, str) or isinstance(missing, str):
         for row in rows:
@@ -188,6 +252,7 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
             nats_send.values.append(_sends(rm, ws.fresh(f"nats-send-{rep}"), url, n))
             file_send.values.append(_sends(rm, ws.fresh(f"file-send-{rep}"), "", n))
         raw_req.values += _raw_requests(url, sizes.run_samples)
+        raw_stored.values += _raw_stored_requests(url, sizes.run_samples)
         for name in NatsBackend(url).team_names():
             NatsBackend(url).remove_team(name)
         home = ws.fresh("nats-ask")

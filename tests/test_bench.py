@@ -24,6 +24,7 @@ SECTIONS = {
 TARGETS = {
     "nats_send",
     "nats_ask",
+    "nats_ask_stored",
     "tui_first_paint",
     "tui_send_to_screen",
     "mcp_send",

@@ -195,6 +195,31 @@ def test_waiter_wakes_on_its_inbox(store: TeamStore) -> None:
         waiter.close()
 
 
+def test_reads_are_the_same_while_a_waiter_watches(store: TeamStore) -> None:
+    """A backend may answer reads from what it pushes to a waiter (NATS does): reads of
+    lines that came while a waiter watched return what they return without one."""
+    store.append("b", *line("before"))
+    waiter = store.waiter(["b"])
+    try:
+        parts = [line(f"after {n}") for n in range(5)]
+        done = [store.append("b", *part) for part in parts]
+        assert waiter.wait(30.0)
+        while waiter.wait(0.2):  # until every line has been pushed
+            pass
+        wanted = [(head + ts.encode() + tail).rstrip(b"\n") for (ts, _), (head, tail)
+                  in zip(done, parts, strict=True)]  # fmt: skip
+        assert lines_from(store, "b")[1:] == wanted
+        for (_, offset), text in zip(done, wanted, strict=True):
+            assert store.read_line("b", offset, len(text) + 1) == text + b"\n"
+            data, start = store.read("b", offset)
+            assert start == offset and data.startswith(text + b"\n")
+        end = store.size("b")
+        assert end == done[-1][1] + len(wanted[-1]) + 1
+        assert store.read("b", end) == (b"", end)
+    finally:
+        waiter.close()
+
+
 def test_waiter_ignores_other_inboxes(store: TeamStore) -> None:
     """A waiter on b is not woken by appends to a."""
     waiter = store.waiter(["b"])

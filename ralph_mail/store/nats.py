@@ -11,20 +11,28 @@ have in the inbox file, so cursors and indexes mean what they mean on files) and
 ordinal (``Ralph-N``). Appends are serialised per subject by JetStream itself
 (``Nats-Expected-Last-Subject-Sequence``: a writer that lost the race reads the new end
 and tries again), and carry ``Nats-Msg-Id`` = the inbox and the message id, so a send
-retried under the same id is stored once within the stream's duplicate window.
+retried under the same id is stored once within the stream's duplicate window. An index
+is not a log: its messages (entries) carry no offsets, and writers do not take turns.
 
-Reads are batched direct gets (one round trip for up to `READ_BATCH` lines); a waiter is
-a core subscription to the subjects it watches, woken by the server. The bucket keeps the
-roster, presence, cursors (with the stream sequence of the floor), state, rates and the
-one-consumer claim: a lease renewed every `LEASE_S` / 3 seconds, so a consumer killed -9
-is released within `LEASE_S` (on files, at once).
+Reads are batched direct gets (one round trip for up to `READ_BATCH` lines). A waiter
+is fed by an ephemeral consumer of its subjects (`_Feed`): woken when a line is stored,
+and holding the last lines, so the read that follows a wake-up costs no round trip. The
+bucket keeps the roster, presence, cursors (with the stream sequence of the floor),
+state, rates and the one-consumer claim: a lease renewed every `LEASE_S` / 3 seconds, so
+a consumer killed -9 is released within `LEASE_S` (on files, at once). Presence, claims,
+state versions and inbox starts are pushed to each process (`_Keys`).
 
 What the file backend does with gc is the server's business here: nothing is compacted
 (``compact`` drops nothing; the stream's limits and ``purge_archive`` bound it), so the
 audit trail is the stream itself.
 
-nats-py is asyncio: each process keeps one connection per server on a loop thread of its
-own, and the store's calls wait on it.
+Two connections per process and server. The store's round trips (appends, reads,
+cursor and index writes) go over a blocking socket per thread (`natswire.Wire`): nats-py
+is asyncio only, and reaching its loop from a synchronous caller costs a thread hop
+longer than the round trip. nats-py's connection, on a loop thread of its own, carries
+what the server pushes (feeds, the bucket's watch) and the bucket's and streams'
+administration. Cursor and index writes are made in the background, in order, on one
+thread of their own.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ import orjson
 from ralph_mail.errors import InboxBusy, StoreError
 from ralph_mail.message import check_name, format_ts
 from ralph_mail.store.base import Compaction, Cursor
+from ralph_mail.store.natswire import Reply, Wire, WireError
 
 if TYPE_CHECKING:
     from ralph_mail.store.search import Query, SearchIndex
@@ -71,8 +80,6 @@ def lease_s() -> float:
 REQUEST_S: Final = 10.0
 #: Index messages read first, hoping they are all (see `NatsStore.index_tail`).
 INDEX_PROBE: Final = 64
-#: How long a read asked ahead serves the next read of its thread (s): see `NatsStore.read`.
-AHEAD_S: Final = 0.02
 #: Lines a feed keeps for reads at most, and bytes (see `_Feed`).
 FEED_LINES: Final = 2000
 FEED_BYTES: Final = 1 << 20
@@ -124,37 +131,6 @@ class _Loop:
                                   reconnected_cb=reconnected)  # fmt: skip
         self.nc: Any = self.run(connecting)
         self.js: Any = self.nc.jetstream(timeout=REQUEST_S)
-        self._batches: dict[str, tuple[list[Any], asyncio.Future[tuple[list[Any], int]]]] = {}
-        self._replies = self.nc.new_inbox()
-        self._asked = 0
-        self.run(self.nc.subscribe(f"{self._replies}.*", cb=self._answered))
-
-    async def _answered(self, msg: Any) -> None:
-        waiting = self._batches.get(msg.subject.rpartition(".")[2])
-        if waiting is None:
-            return  # given up on
-        found, done = waiting
-        if msg.headers and "Status" in msg.headers:  # 204 end of batch, 404 nothing there
-            if not done.done():
-                done.set_result((found, int(msg.headers.get("Nats-Num-Pending", 0))))
-        else:
-            found.append(msg)
-
-    async def batch(self, stream: str, request: dict[str, Any]) -> tuple[list[Any], int]:
-        """The messages a batched direct get answers with, and how many more match after
-        them: one subscription serves every call (one per call cost more than the round
-        trip's own work)."""
-        self._asked += 1
-        token = str(self._asked)
-        done = self.loop.create_future()
-        self._batches[token] = ([], done)
-        try:
-            await self.nc.publish(f"$JS.API.DIRECT.GET.{stream}", orjson.dumps(request),
-                                  reply=f"{self._replies}.{token}")  # fmt: skip
-            found: tuple[list[Any], int] = await asyncio.wait_for(done, REQUEST_S)
-            return found
-        finally:
-            del self._batches[token]
 
     @classmethod
     def of(cls, url: str) -> _Loop:
@@ -389,9 +365,8 @@ class NatsStore:
         self._claims: dict[str, int] = {}  # agent -> revision of my claim
         self._queued: dict[str, list[bytes]] = {}  # index subject -> entries to write
         self._log_cache: dict[str, tuple[bytes, int]] = {}  # team log -> read so far, end
-        self._locks: dict[str, asyncio.Lock] = {}  # subject -> appends here, one at a time
+        self._locks: dict[str, threading.Lock] = {}  # subject -> its appends, one at a time
         self._feeds: dict[str, _Feed] = {}  # subject -> its feed, while a waiter watches it
-        self._ahead: dict[tuple[int, str], tuple[int, float, Any]] = {}  # see read
         self._cache: dict[str, tuple[bytes, int] | None] | None = None  # see _watched
         self._keys: _Keys | None = None
         self._renewer: threading.Thread | None = None
@@ -407,6 +382,22 @@ class NatsStore:
             raise
         except Exception as exc:
             raise StoreError(f"NATS {self.url}: {exc or exc.__class__.__name__}") from None
+
+    def _ask(
+        self,
+        subject: str,
+        payload: bytes = b"",
+        headers: dict[str, str] | None = None,
+        *,
+        batch: bool = False,
+    ) -> list[Reply]:
+        """One round trip over this thread's `Wire` (no hop to the loop's thread)."""
+        try:
+            read = subject.startswith("$JS.API.DIRECT.GET.")  # asked again after a break
+            wire = Wire.for_thread(self.url)
+            return wire.request(subject, payload, headers, batch=batch, again=read)
+        except (WireError, TimeoutError) as exc:
+            raise StoreError(f"NATS {self.url}: {exc}") from None
 
     def _bucket(self) -> Any:
         if self._kv is None:
@@ -430,36 +421,49 @@ class NatsStore:
             return f"{self._prefix}.ix.{_hex(key[3:])}"
         return f"{self._prefix}.in.{key}"
 
-    async def _get(self, subject: str, seq: int | None = None) -> Any | None:
+    def _get(self, subject: str, seq: int | None = None) -> Reply | None:
         """The last message of ``subject`` (or the first at or after ``seq``), or None."""
-        from nats.js.errors import NotFoundError
+        direct = f"$JS.API.DIRECT.GET.{self.stream}"
+        if seq is None:
+            answer = self._ask(f"{direct}.{subject}")[0]
+        else:
+            answer = self._ask(direct, orjson.dumps({"seq": seq, "next_by_subj": subject}))[0]
+        if answer.status is None:
+            return answer
+        self._missing(answer)
+        return None
 
-        try:
-            if seq is None:
-                return await self._link.js.get_msg(self.stream, subject=subject, direct=True)
-            return await self._link.js.get_msg(self.stream, seq=seq, subject=subject,
-                                               next=True, direct=True)  # fmt: skip
-        except NotFoundError:
-            return None
+    def _missing(self, answer: Reply) -> None:
+        """Return on "no such message"; raise anything else the server says."""
+        if answer.status in ("404", "408"):
+            return
+        if answer.status == "503":
+            raise FileNotFoundError(f"no team {self.team!r} at {self.url}")
+        why = answer.headers.get("Description", "")
+        raise StoreError(f"NATS {self.url}: {answer.status} {why}")
 
-    async def _batch(self, subject: str, seq: int, count: int) -> list[Any]:
+    def _batch(self, subject: str, seq: int, count: int) -> list[Reply]:
         """Up to ``count`` messages of ``subject`` from stream sequence ``seq``: one
         batched direct get."""
-        return (await self._after(subject, seq, count))[0]
+        return self._after(subject, seq, count)[0]
 
-    async def _after(self, subject: str, seq: int, count: int) -> tuple[list[Any], int]:
+    def _after(self, subject: str, seq: int, count: int) -> tuple[list[Reply], int]:
         """`_batch`, and how many messages of ``subject`` follow those."""
         request = {"seq": max(1, seq), "next_by_subj": subject, "batch": count}
-        return await self._link.batch(self.stream, request)
+        answers = self._ask(f"$JS.API.DIRECT.GET.{self.stream}", orjson.dumps(request), batch=True)
+        end = answers.pop()
+        if end.status != "204":
+            self._missing(end)
+            return answers, 0
+        return answers, int(end.headers.get("Nats-Num-Pending", 0))
 
     @staticmethod
-    def _offset(msg: Any) -> int:
+    def _offset(msg: Reply) -> int:
         return int(msg.headers["Ralph-Offset"])
 
     @staticmethod
-    def _seq(msg: Any) -> int:
-        seq = getattr(msg, "seq", None)
-        return int(seq) if seq else int(msg.headers["Nats-Sequence"])
+    def _seq(msg: Reply) -> int:
+        return int(msg.headers["Nats-Sequence"])
 
     def _remember(self, subject: str, offset: int, seq: int) -> None:
         known = self._seqs.setdefault(subject, {})
@@ -467,9 +471,9 @@ class NatsStore:
             known.clear()
         known[offset] = seq
 
-    async def _tail(self, subject: str) -> tuple[int, int, int, str]:
+    def _tail(self, subject: str) -> tuple[int, int, int, str]:
         """(seq, end offset, ordinal, ts) of the subject's last line; zeros when empty."""
-        last = await self._get(subject)
+        last = self._get(subject)
         if last is None:
             return 0, 0, 0, ""
         data = last.data or b""
@@ -477,20 +481,20 @@ class NatsStore:
         self._remember(subject, end, self._seq(last) + 1)  # where the next line will be
         return self._seq(last), end, int(last.headers["Ralph-N"]), _ts_of(data)
 
-    async def _seq_at(self, subject: str, offset: int) -> tuple[int, int] | None:
+    def _seq_at(self, subject: str, offset: int) -> tuple[int, int] | None:
         """(stream seq, offset) of the line starting at ``offset``, or of the first line
         kept when ``offset`` is below it; None when ``offset`` is at or past the end."""
         known = self._seqs.get(subject, {}).get(offset)
         if known is not None:
             return known, offset
-        last = await self._get(subject)
+        last = self._get(subject)
         if last is None or self._offset(last) < offset:
             return None
         low, high = 1, self._seq(last)
         found: tuple[int, int] | None = None
         while low <= high:  # the first line at or after offset, by bisection on seq
             middle = (low + high) // 2
-            msg = await self._get(subject, middle)
+            msg = self._get(subject, middle)
             if msg is None:
                 high = middle - 1
                 continue
@@ -585,24 +589,13 @@ class NatsStore:
     def _put(self, subject: str, head: bytes, tail: bytes, stamp: bool = True) -> tuple[str, int]:
         """Append ``head + ts + tail`` (``head + tail`` without ``stamp``) as the next line
         of ``subject``; return the ts and its offset."""
-        return self._run(self._put_async(subject, head, tail, stamp))
-
-    async def _put_async(
-        self, subject: str, head: bytes, tail: bytes, stamp: bool = True
-    ) -> tuple[str, int]:
-        from nats.js.errors import BadRequestError
-
         found = _ID.search(head)
         msg_id = f"{subject}:{found.group(1).decode()}" if found else None
-        lock = self._locks.get(subject)
-        if lock is None:  # on the loop's thread: one append per subject at a time here
-            lock = self._locks[subject] = asyncio.Lock()
-
-        async def put() -> tuple[str, int]:
+        with self._locks.setdefault(subject, threading.Lock()):  # one at a time here
             known = self._tails.get(subject)
             for _ in range(APPEND_TRIES):
                 if known is None:
-                    known = await self._tail(subject)
+                    known = self._tail(subject)
                 seq, end, n, last = known
                 ts = ""
                 if stamp:
@@ -612,119 +605,103 @@ class NatsStore:
                            "Nats-Expected-Last-Subject-Sequence": str(seq)}  # fmt: skip
                 if msg_id is not None:
                     headers["Nats-Msg-Id"] = msg_id
-                try:
-                    ack = await self._link.js.publish(subject, line, headers=headers)
-                except BadRequestError as exc:
-                    if exc.err_code == 10071:  # another writer got there first
-                        known = None
-                        continue
-                    raise
-                if ack.duplicate:  # a retry of a send that was stored: say where it is
-                    stored = await self._link.js.get_msg(self.stream, seq=ack.seq, direct=True)
+                ack = self._acked(subject, line, headers)
+                if ack is None:  # another writer got there first
+                    known = None
+                    continue
+                if ack.get("duplicate"):  # a retry of a send that was stored: where it is
+                    stored = self._ask(f"$JS.API.DIRECT.GET.{self.stream}",
+                                       orjson.dumps({"seq": ack["seq"]}))[0]  # fmt: skip
                     self._tails.pop(subject, None)
-                    return _ts_of(stored.data or b""), self._offset(stored)
-                self._tails[subject] = (ack.seq, end + len(line) + 1, n + 1, ts or last)
-                self._remember(subject, end, ack.seq)
+                    return _ts_of(stored.data), self._offset(stored)
+                self._tails[subject] = (ack["seq"], end + len(line) + 1, n + 1, ts or last)
+                self._remember(subject, end, ack["seq"])
                 return ts, end
-            raise StoreError(f"{subject}: {APPEND_TRIES} writers in a row got there first")
+        raise StoreError(f"{subject}: {APPEND_TRIES} writers in a row got there first")
 
-        async with lock:
-            return await put()
+    def _acked(
+        self, subject: str, payload: bytes, headers: dict[str, str] | None = None
+    ) -> dict[str, Any] | None:
+        """Publish to the stream and return its ack; None when an expected last
+        sequence was not the last (another writer got there first)."""
+        answer = self._ask(subject, payload, headers)[0]
+        if answer.status is not None:  # 503: no stream takes that subject
+            self._missing(answer)
+            raise FileNotFoundError(f"no team {self.team!r} at {self.url}")
+        ack: dict[str, Any] = orjson.loads(answer.data)
+        error = ack.get("error")
+        if error is None:
+            return ack
+        if error.get("err_code") == 10071:
+            return None
+        raise StoreError(f"NATS {self.url}: {error.get('description', error)}")
 
     def read(self, agent: str, offset: int, *, skip_collected: bool = False) -> tuple[bytes, int]:
-        """From ``offset`` on. A read its subject's feed answers asks the server at once,
-        in the background, what follows: the caller reads there next (a poll reads to
-        the end), and that answer, asked after this read started, is as fresh as this
-        read; it serves only this thread's next read of the subject, within `AHEAD_S`."""
-        subject = self._subject(agent)
-        mine = (threading.get_ident(), subject)
-        ahead = self._ahead.pop(mine, None)
-        held = self._held(subject, offset, READ_BATCH)
-        if held is not None:
-            data, after = held
-            if len(self._ahead) > 1000:
-                self._ahead.clear()
-            if ahead is None or ahead[0] != after or time.monotonic() - ahead[1] >= AHEAD_S:
-                asking = self._fetch(subject, after, READ_BATCH)
-                future = asyncio.run_coroutine_threadsafe(asking, self._link.loop)
-                ahead = (after, time.monotonic(), future)
-            self._ahead[mine] = ahead  # (one asked by a read of the same lines just before)
-            return data, offset
-        if ahead is not None and ahead[0] == offset and time.monotonic() - ahead[1] < AHEAD_S:
-            with contextlib.suppress(Exception):  # else asked again, to raise what it meets
-                answer: tuple[bytes, int] = ahead[2].result(REQUEST_S)
-                return answer
-        return self._run(self._fetch(subject, offset, READ_BATCH))
+        return self._read(self._subject(agent), offset)
 
     def _read(self, subject: str, offset: int, count: int = READ_BATCH) -> tuple[bytes, int]:
         held = self._held(subject, offset, count)
-        return held if held is not None else self._run(self._fetch(subject, offset, count))
+        return (held, offset) if held is not None else self._fetch(subject, offset, count)
 
-    def _held(self, subject: str, offset: int, count: int) -> tuple[bytes, int] | None:
-        """What the subject's feed holds from ``offset`` (no round trip, not even a hop),
-        and the offset after it; None when it holds nothing there."""
+    def _held(self, subject: str, offset: int, count: int) -> bytes | None:
+        """What the subject's feed holds from ``offset`` (no round trip, not even a hop);
+        None when it holds nothing there."""
         feed = self._feeds.get(subject)
         held = feed.read(offset, count) if feed is not None else None
         if held is None:
             return None
         lines, after, seq = held
         self._remember(subject, after, seq + 1)
-        return b"".join(line + b"\n" for line in lines), after
+        return b"".join(line + b"\n" for line in lines)
 
-    async def _fetch(self, subject: str, offset: int, count: int) -> tuple[bytes, int]:
+    def _fetch(self, subject: str, offset: int, count: int) -> tuple[bytes, int]:
         """Up to ``count`` lines from ``offset`` (or from the first line kept, when it
         is below that) and where they start, asked of the server."""
-        at = await self._seq_at(subject, offset)
+        at = self._seq_at(subject, offset)
         if at is None:
             return b"", offset
         seq, start = at
-        found = await self._batch(subject, seq, count)
+        found = self._batch(subject, seq, count)
         # Nothing from the stream sequence of a line's offset on: nothing from the offset
         # on (lines follow each other in both). A line that starts elsewhere: a stale
         # position (purged), looked up again.
         if found and self._offset(found[0]) != start:
             self._seqs.pop(subject, None)
-            at = await self._seq_at(subject, offset)
+            at = self._seq_at(subject, offset)
             if at is None:
                 return b"", offset
             seq, start = at
-            found = await self._batch(subject, seq, count)
-        lines = [bytes(msg.data or b"") for msg in found]
+            found = self._batch(subject, seq, count)
+        lines = [msg.data for msg in found]
         if found:
             last = found[-1]
-            after = self._offset(last) + len(last.data or b"") + 1
+            after = self._offset(last) + len(last.data) + 1
             self._remember(subject, after, self._seq(last) + 1)
         return b"".join(line + b"\n" for line in lines), start
 
     def read_tail(self, agent: str, lines: int) -> tuple[list[bytes], int]:
         subject = self._subject(agent)
-
-        async def tail() -> tuple[list[bytes], int]:
-            seq, end, n, _ = await self._tail(subject)
-            if lines <= 0 or not seq:
-                return [], end
-            if n <= READ_BATCH:  # a short log: the server finds its first line itself
-                found = await self._batch(subject, 1, n)
-                return [bytes(msg.data or b"") for msg in found[-lines:]], end
-            first = max(1, n - lines + 1)
-            low, high, start = 1, seq, seq
-            while low <= high:  # the seq of the line whose ordinal is `first`
-                middle = (low + high) // 2
-                msg = await self._get(subject, middle)
-                if msg is None:
-                    high = middle - 1
-                    continue
-                if int(msg.headers["Ralph-N"]) >= first:
-                    start, high = self._seq(msg), middle - 1
-                else:
-                    low = self._seq(msg) + 1
-            found = await self._batch(subject, start, lines)
-            return [bytes(msg.data or b"") for msg in found], end
-
-        return self._run(tail())
+        seq, end, n, _ = self._tail(subject)
+        if lines <= 0 or not seq:
+            return [], end
+        if n <= READ_BATCH:  # a short log: the server finds its first line itself
+            return [msg.data for msg in self._batch(subject, 1, n)[-lines:]], end
+        first = max(1, n - lines + 1)
+        low, high, start = 1, seq, seq
+        while low <= high:  # the seq of the line whose ordinal is `first`
+            middle = (low + high) // 2
+            msg = self._get(subject, middle)
+            if msg is None:
+                high = middle - 1
+                continue
+            if int(msg.headers["Ralph-N"]) >= first:
+                start, high = self._seq(msg), middle - 1
+            else:
+                low = self._seq(msg) + 1
+        return [msg.data for msg in self._batch(subject, start, lines)], end
 
     def size(self, agent: str) -> int:
-        return self._run(self._tail(self._subject(agent)))[1]
+        return self._tail(self._subject(agent))[1]
 
     def read_line(self, agent: str, offset: int, length: int) -> bytes | None:
         data, start = self._read(self._subject(agent), offset, 1)
@@ -735,24 +712,20 @@ class NatsStore:
 
     def purge_archive(self, agent: str, before: str, *, timeout: float = 0.0) -> int:
         subject = self._subject(agent)
-
-        async def purge() -> int:
-            position = 0
-            while True:  # the first line not older than `before`
-                found = await self._batch(subject, position + 1, READ_BATCH)
-                if not found:
-                    return (await self._tail(subject))[1]
-                for msg in found:
-                    if _ts_of(msg.data or b"") >= before:
-                        await self._link.js.purge_stream(self.stream, subject=subject,
-                                                         seq=self._seq(msg))  # fmt: skip
-                        self._seqs.pop(subject, None)
-                        if subject in self._feeds:
-                            self._feeds[subject].forget()
-                        return self._offset(msg)
-                position = self._seq(found[-1])
-
-        return self._run(purge())
+        position = 0
+        while True:  # the first line not older than `before`
+            found = self._batch(subject, position + 1, READ_BATCH)
+            if not found:
+                return self._tail(subject)[1]
+            for msg in found:
+                if _ts_of(msg.data) >= before:
+                    self._run(self._link.js.purge_stream(self.stream, subject=subject,
+                                                         seq=self._seq(msg)))  # fmt: skip
+                    self._seqs.pop(subject, None)
+                    if subject in self._feeds:
+                        self._feeds[subject].forget()
+                    return self._offset(msg)
+            position = self._seq(found[-1])
 
     def search(self, query: Query) -> list[bytes]:
         import sqlite3
@@ -796,9 +769,9 @@ class NatsStore:
             queue.append(orjson.dumps([agent, offset, length]))
             first = len(queue) == 1
         if first:  # entries that come while it writes go in its next message
-            self._later("index", self._drain(subject))
+            self._later("index", self._drain, subject)
 
-    async def _drain(self, subject: str) -> None:
+    def _drain(self, subject: str) -> None:
         """Write the queued index entries of ``subject``, all there are in one message.
         An index is not a log: its messages carry no offsets, so writers need not take
         turns (the bus orders what it finds by ts)."""
@@ -807,7 +780,7 @@ class NatsStore:
                 entries = self._queued.pop(subject, [])
             if not entries:
                 return
-            await self._link.js.publish(subject, b"\n".join(entries))
+            self._acked(subject, b"\n".join(entries))
 
     def _flush(self, kind: str = "") -> None:
         """Wait for the writes of ``kind`` ("index" entries, "cursor"s; all by default)
@@ -830,38 +803,38 @@ class NatsStore:
         self._flush("index")
         subject = self._subject(f"ix:{key}")
 
-        async def tail() -> list[Any]:
-            """The last ``count`` messages (a message: one entry or more). An index of
-            fewer than `INDEX_PROBE` (a thread's) is one round trip."""
-            found, after = await self._after(subject, 1, INDEX_PROBE)
-            if not after or not count:
-                return found[-count:] if count else []
-            start = self._seq(found[0])
-            if len(found) + after > count:  # the first of the last `count`, by bisection
-                last = await self._get(subject)
-                low, high = start, self._seq(last) if last is not None else start
-                while low <= high:
-                    middle = (low + high) // 2
-                    probe, following = await self._after(subject, middle, 1)
-                    if not probe or following < count - 1:
-                        high = middle - 1
-                    else:
-                        start = self._seq(probe[0])
-                        if following == count - 1:
-                            break
-                        low = start + 1
-            kept: list[Any] = []
-            while True:
-                found, after = await self._after(subject, start, READ_BATCH)
-                kept += found
-                if not after or not found:
-                    return kept[-count:]
-                start = self._seq(found[-1]) + 1
-
-        messages = self._run(tail())
-        lines = [bytes(msg.data or b"") for msg in messages]
+        messages = self._index_tail(subject, count)
+        lines = [msg.data for msg in messages]
         entries = [entry for line in lines for entry in line.split(b"\n")][-count:] if count else []
         return [(str(a), int(o), int(n)) for a, o, n in map(orjson.loads, entries)]
+
+    def _index_tail(self, subject: str, count: int) -> list[Reply]:
+        """The last ``count`` messages of an index (a message: one entry or more). An
+        index of fewer than `INDEX_PROBE` (a thread's) is one round trip."""
+        found, after = self._after(subject, 1, INDEX_PROBE)
+        if not after or not count:
+            return found[-count:] if count else []
+        start = self._seq(found[0])
+        if len(found) + after > count:  # the first of the last `count`, by bisection
+            last = self._get(subject)
+            low, high = start, self._seq(last) if last is not None else start
+            while low <= high:
+                middle = (low + high) // 2
+                probe, following = self._after(subject, middle, 1)
+                if not probe or following < count - 1:
+                    high = middle - 1
+                else:
+                    start = self._seq(probe[0])
+                    if following == count - 1:
+                        break
+                    low = start + 1
+        kept: list[Reply] = []
+        while True:
+            found, after = self._after(subject, start, READ_BATCH)
+            kept += found
+            if not after or not found:
+                return kept[-count:]
+            start = self._seq(found[-1]) + 1
 
     # -- cursors, claims ------------------------------------------------------------------
 
@@ -882,13 +855,15 @@ class NatsStore:
         # In the background, in order: a crash before it is stored leaves the old cursor
         # (what was consumed since comes again: at least once); close and every cursor
         # load of this process wait for it.
-        self._later("cursor", self._bucket().put(f"cursor.{_key(agent)}", orjson.dumps(record)))
+        self._later("cursor", self._acked, f"$KV.{self.stream}.cursor.{_key(agent)}",
+                    orjson.dumps(record))  # fmt: skip
 
-    def _later(self, kind: str, write: Coroutine[Any, Any, Any]) -> None:
-        """Start ``write`` on the loop without waiting; `_flush` waits for it."""
+    def _later(self, kind: str, write: Callable[..., Any], *args: Any) -> None:
+        """Make ``write(*args)`` on the process's background thread, after the writes
+        started before it; `_flush` waits for it."""
         with _PENDING_LOCK:
             _PENDING[:] = [(k, f) for k, f in _PENDING if not f.done()]
-            _PENDING.append((kind, asyncio.run_coroutine_threadsafe(write, self._link.loop)))
+            _PENDING.append((kind, _BACKGROUND.submit(write, *args)))
 
     def claim(self, agent: str) -> None:
         if agent in self._claims:
@@ -1003,14 +978,11 @@ class NatsStore:
     def _ordinal(self, subject: str, offset: int) -> int:
         """How many lines of ``subject`` come before ``offset``."""
 
-        async def ordinal() -> int:
-            at = await self._seq_at(subject, offset)
-            found = await self._get(subject, at[0]) if at is not None else None
-            if found is None:  # at the end: every line comes before it
-                return (await self._tail(subject))[2]
-            return int(found.headers["Ralph-N"]) - 1
-
-        return self._run(ordinal())
+        at = self._seq_at(subject, offset)
+        found = self._get(subject, at[0]) if at is not None else None
+        if found is None:  # at the end: every line comes before it
+            return self._tail(subject)[2]
+        return int(found.headers["Ralph-N"]) - 1
 
     def _readers(self, key: str) -> list[str]:
         """Whose cursors hold a log's start: its owner, or a channel's members."""
@@ -1166,9 +1138,11 @@ class NatsStore:
             self._search = None
 
 
-#: Writes this process has under way in the background (index entries, cursors).
+#: Writes this process has under way in the background (index entries, cursors), made
+#: in order on one thread of their own.
 _PENDING: list[tuple[str, concurrent.futures.Future[Any]]] = []
 _PENDING_LOCK = threading.Lock()
+_BACKGROUND = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ralph-nats-write")
 
 
 def _ts_of(line: bytes) -> str:

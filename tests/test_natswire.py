@@ -1,0 +1,109 @@
+"""The NATS store's synchronous connection (`ralph_mail.store.natswire`), against a
+scripted server that speaks just enough of the protocol to break where told."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from ralph_mail.store.natswire import Wire, WireError, _headers
+
+
+class Scripted:
+    """A server on a free loopback port: each connection gets INFO, answers PING, and
+    meets a publish with the next action: "answer" (MSG to its reply subject) or "drop"
+    (closes the connection without answering)."""
+
+    def __init__(self, actions: list[str]) -> None:
+        self.actions = actions
+        self.published: list[bytes] = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while self.actions:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn, conn.makefile("rb") as lines:
+                conn.sendall(b'INFO {"server_id":"scripted","headers":true}\r\n')
+                for line in lines:
+                    if line.startswith(b"PING"):
+                        conn.sendall(b"PONG\r\n")
+                    elif line.startswith((b"PUB ", b"HPUB ")):
+                        words = line.split()
+                        payload = lines.read(int(words[-1]) + 2)[:-2]
+                        if words[0] == b"HPUB":  # the headers, then the payload
+                            payload = payload[int(words[-2]) :]
+                        self.published.append(payload)
+                        if self.actions.pop(0) == "drop":
+                            break
+                        reply = words[2]
+                        conn.sendall(b"MSG %s 1 %d\r\n%s\r\n" % (reply, len(payload), payload))
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.fixture
+def scripted() -> Iterator[type[Scripted]]:
+    made: list[Scripted] = []
+
+    def make(actions: list[str]) -> Scripted:
+        made.append(server := Scripted(actions))
+        return server
+
+    yield make  # type: ignore[misc]
+    for server in made:
+        server.close()
+
+
+def test_a_request_gets_its_answer(scripted: type[Scripted]) -> None:
+    server = scripted(["answer", "answer"])
+    wire = Wire(f"nats://127.0.0.1:{server.port}")
+    assert wire.request("x", b"one")[0].data == b"one"
+    assert wire.request("x", b"two", {"Ralph-N": "2"})[0].data == b"two"
+    wire.close()
+
+
+def test_a_read_is_asked_again_over_a_new_connection_when_one_breaks(
+    scripted: type[Scripted],
+) -> None:
+    server = scripted(["drop", "answer"])
+    wire = Wire(f"nats://127.0.0.1:{server.port}")
+    assert wire.request("x", b"read", again=True, timeout=10)[0].data == b"read"
+    assert server.published == [b"read", b"read"]
+    wire.close()
+
+
+def test_a_publish_that_met_a_broken_connection_is_not_sent_again(
+    scripted: type[Scripted],
+) -> None:
+    """It may have been stored: the caller hears of it, as of a timeout."""
+    server = scripted(["drop", "answer"])
+    wire = Wire(f"nats://127.0.0.1:{server.port}")
+    with pytest.raises(WireError, match="lost the connection"):
+        wire.request("x", b"append", timeout=10)
+    assert server.published == [b"append"]
+    wire.close()
+
+
+def test_no_server_is_a_wire_error_within_the_timeout() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # free, and nothing listens once closed
+    with pytest.raises(WireError, match="cannot reach"):
+        Wire(f"nats://127.0.0.1:{port}").request("x", b"", timeout=0.5)
+
+
+def test_headers_carry_a_status_and_their_values() -> None:
+    assert _headers(b"NATS/1.0 404 Message Not Found\r\n\r\n") == {
+        "Status": "404", "Description": "Message Not Found"}  # fmt: skip
+    assert _headers(b"NATS/1.0\r\nNats-Sequence: 7\r\nRalph-Offset: 120\r\n\r\n") == {
+        "Nats-Sequence": "7", "Ralph-Offset": "120"}  # fmt: skip
