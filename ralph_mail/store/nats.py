@@ -148,9 +148,9 @@ class _Loop:
             return made
 
     def run(self, coro: Coroutine[Any, Any, _T], timeout: float = REQUEST_S) -> _T:
-        """Run ``coro`` on the loop's thread and wait for it: a task and one lock, a
-        fifth cheaper than ``run_coroutine_threadsafe``'s futures (a store call makes
-        one or more of these hops)."""
+        """Run ``coro`` on the loop's thread and wait for it (the bucket's and streams'
+        administration, the pushes' set-up): a task and one lock, a fifth cheaper than
+        ``run_coroutine_threadsafe``'s futures."""
         done, made = threading.Lock(), []
         done.acquire()
 
