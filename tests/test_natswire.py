@@ -14,8 +14,8 @@ from ralph_mail.store.natswire import Wire, WireError, _headers
 
 class Scripted:
     """A server on a free loopback port: each connection gets INFO, answers PING, and
-    meets a publish with the next action: "answer" (MSG to its reply subject) or "drop"
-    (closes the connection without answering)."""
+    meets a publish with the next action: "answer" (MSG to its reply subject), "drop"
+    (closes the connection without answering) or "late" (answers with the next one)."""
 
     def __init__(self, actions: list[str]) -> None:
         self.actions = actions
@@ -31,6 +31,7 @@ class Scripted:
                 conn, _ = self.listener.accept()
             except OSError:
                 return
+            held: tuple[bytes, bytes] | None = None
             with conn, conn.makefile("rb") as lines:
                 conn.sendall(b'INFO {"server_id":"scripted","headers":true}\r\n')
                 for line in lines:
@@ -42,10 +43,16 @@ class Scripted:
                         if words[0] == b"HPUB":  # the headers, then the payload
                             payload = payload[int(words[-2]) :]
                         self.published.append(payload)
-                        if self.actions.pop(0) == "drop":
+                        action = self.actions.pop(0)
+                        if action == "drop":
                             break
-                        reply = words[2]
-                        conn.sendall(b"MSG %s 1 %d\r\n%s\r\n" % (reply, len(payload), payload))
+                        if action == "late":
+                            held = (words[2], payload)
+                            continue
+                        answers = [held] if held else []
+                        for reply, data in [*answers, (words[2], payload)]:  # the late one first
+                            conn.sendall(b"MSG %s 1 %d\r\n%s\r\n" % (reply, len(data), data))
+                        held = None
 
     def close(self) -> None:
         self.listener.close()
@@ -91,6 +98,18 @@ def test_a_publish_that_met_a_broken_connection_is_not_sent_again(
     with pytest.raises(WireError, match="lost the connection"):
         wire.request("x", b"append", timeout=10)
     assert server.published == [b"append"]
+    wire.close()
+
+
+def test_a_timed_out_request_leaves_the_connection_to_the_next(
+    scripted: type[Scripted],
+) -> None:
+    """Its answer, when it comes late, is not taken for the next request's."""
+    server = scripted(["late", "answer"])
+    wire = Wire(f"nats://127.0.0.1:{server.port}")
+    with pytest.raises(TimeoutError):
+        wire.request("x", b"slow", timeout=0.3)
+    assert wire.request("x", b"next")[0].data == b"next"
     wire.close()
 
 

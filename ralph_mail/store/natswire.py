@@ -191,6 +191,8 @@ class Wire:
                         found.append(answer)
                     return found
                 found.append(answer)
+        except TimeoutError:
+            raise  # the connection stays: a late answer goes to a reply no one waits on
         except OSError as exc:
             self.close()
             raise WireError(f"lost the connection to {self.url} ({exc})") from None
