@@ -153,10 +153,10 @@ def nats_server() -> str:
 def fresh_nats() -> str:
     """The test run's NATS server, emptied: every stream (teams, their buckets, the list
     of teams) of earlier tests deleted."""
-    from ralph_mail.store.nats import _Loop
+    from ralph_mail.store.natspush import Loop
 
     url = nats_server()
-    link = _Loop.of(url)
+    link = Loop.of(url)
 
     async def wipe() -> None:
         for info in await link.js.streams_info():

@@ -15,12 +15,12 @@ retried under the same id is stored once within the stream's duplicate window. A
 is not a log: its messages (entries) carry no offsets, and writers do not take turns.
 
 Reads are batched direct gets (one round trip for up to `READ_BATCH` lines). A waiter
-is fed by an ephemeral consumer of its subjects (`_Feed`): woken when a line is stored,
+is fed by an ephemeral consumer of its subjects (`Feed`): woken when a line is stored,
 and holding the last lines, so the read that follows a wake-up costs no round trip. The
 bucket keeps the roster, presence, cursors (with the stream sequence of the floor),
 state, rates and the one-consumer claim: a lease renewed every `LEASE_S` / 3 seconds, so
 a consumer killed -9 is released within `LEASE_S` (on files, at once). Presence, claims,
-state versions and inbox starts are pushed to each process (`_Keys`).
+state versions and inbox starts are pushed to each process (`Keys`).
 
 What the file backend does with gc is the server's business here: nothing is compacted
 (``compact`` drops nothing; the stream's limits and ``purge_archive`` bound it), so the
@@ -29,15 +29,14 @@ audit trail is the stream itself.
 Two connections per process and server. The store's round trips (appends, reads,
 cursor and index writes) go over a blocking socket per thread (`natswire.Wire`): nats-py
 is asyncio only, and reaching its loop from a synchronous caller costs a thread hop
-longer than the round trip. nats-py's connection, on a loop thread of its own, carries
-what the server pushes (feeds, the bucket's watch) and the bucket's and streams'
-administration. Cursor and index writes are made in the background, in order, on one
+longer than the round trip. nats-py's connection (`natspush`), on a loop thread of its
+own, carries what the server pushes (feeds, the bucket's watch) and the bucket's and
+streams' administration. Cursor and index writes are made in the background, in order, on one
 thread of their own.
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import contextlib
 import json
@@ -54,6 +53,7 @@ import orjson
 from ralph_mail.errors import InboxBusy, StoreError
 from ralph_mail.message import check_name, format_ts
 from ralph_mail.store.base import Compaction, Cursor
+from ralph_mail.store.natspush import REQUEST_S, Feed, Keys, Loop
 from ralph_mail.store.natswire import Reply, Wire, WireError
 
 if TYPE_CHECKING:
@@ -76,13 +76,8 @@ def lease_s() -> float:
         return LEASE_S
 
 
-#: How long one request to the server may take (s).
-REQUEST_S: Final = 10.0
 #: Index messages read first, hoping they are all (see `NatsStore.index_tail`).
 INDEX_PROBE: Final = 64
-#: Lines a feed keeps for reads at most, and bytes (see `_Feed`).
-FEED_LINES: Final = 2000
-FEED_BYTES: Final = 1 << 20
 #: Tries of an append that keeps losing the race for its subject's end.
 APPEND_TRIES: Final = 1000
 _ID = re.compile(rb'"id":"([0-9a-f]{12})"')
@@ -96,233 +91,6 @@ def _hex(name: str) -> str:
 def _key(name: str) -> str:
     """A KV key for ``name``: itself when it is a valid key, else ``x`` + its hex."""
     return name if _KV_KEY.fullmatch(name) and not name.startswith("x") else "x" + _hex(name)
-
-
-class _Loop:
-    """One asyncio loop thread and one connection to a server, per process and URL."""
-
-    _made: Final[dict[tuple[int, str], _Loop]] = {}
-    _lock: Final = threading.Lock()
-
-    def __init__(self, url: str) -> None:
-        from urllib.parse import urlsplit
-
-        import nats
-
-        self.url = url
-        where = urlsplit(url)  # a quick look first: nats-py retries a dead server forever
-        socket.create_connection((where.hostname or "127.0.0.1", where.port or 4222), 3).close()
-        self.loop = asyncio.new_event_loop()
-        thread = threading.Thread(target=self.loop.run_forever, name="ralph-nats", daemon=True)
-        thread.start()
-
-        async def quiet(_: Exception) -> None:
-            """Connection trouble surfaces in the call that meets it, not as log noise."""
-
-        async def reconnected() -> None:
-            for feed in list(self.feeds):  # a restarted server lost their consumers
-                self._restarts.add(restart := asyncio.ensure_future(feed.restart()))
-                restart.add_done_callback(self._restarts.discard)
-
-        self.feeds: set[_Pushed] = set()  # the process's consumers on this connection
-        self._restarts: set[asyncio.Future[None]] = set()
-        connecting = nats.connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.2,
-                                  connect_timeout=5, error_cb=quiet,
-                                  reconnected_cb=reconnected)  # fmt: skip
-        self.nc: Any = self.run(connecting)
-        self.js: Any = self.nc.jetstream(timeout=REQUEST_S)
-
-    @classmethod
-    def of(cls, url: str) -> _Loop:
-        with cls._lock:
-            made = cls._made.get((os.getpid(), url))
-            if made is None:
-                try:
-                    made = cls._made[os.getpid(), url] = cls(url)
-                except Exception as exc:  # no server there
-                    why = str(exc) or exc.__class__.__name__
-                    raise StoreError(
-                        f"cannot reach the NATS server at {url} ({why}): start it "
-                        "(nats-server -js) or check RALPH_BACKEND"
-                    ) from None
-            return made
-
-    def run(self, coro: Coroutine[Any, Any, _T], timeout: float = REQUEST_S) -> _T:
-        """Run ``coro`` on the loop's thread and wait for it (the bucket's and streams'
-        administration, the pushes' set-up): a task and one lock, a fifth cheaper than
-        ``run_coroutine_threadsafe``'s futures."""
-        done, made = threading.Lock(), []
-        done.acquire()
-
-        def start() -> None:
-            task = self.loop.create_task(coro)
-            made.append(task)
-            task.add_done_callback(lambda _: done.release())
-
-        self.loop.call_soon_threadsafe(start)
-        if not done.acquire(timeout=timeout):
-            self.loop.call_soon_threadsafe(lambda: made and made[0].cancel())
-            raise TimeoutError(f"no answer within {timeout:g} s")
-        result: _T = made[0].result()
-        return result
-
-
-class _Pushed:
-    """An ephemeral consumer of ours (memory, no acks) pushing to a subscription of
-    ours; started again after a reconnect (a restarted server forgot it)."""
-
-    def __init__(self, link: _Loop, stream: str) -> None:
-        self._link, self._stream = link, stream
-        self._last_seq = 0  # the last stream sequence delivered
-        self._sub: Any = None
-        self._consumer = ""
-
-    def _config(self) -> Any:
-        """The consumer's filter and where it starts (`_last_seq`: restarted)."""
-        raise NotImplementedError
-
-    async def _take(self, msg: Any) -> None:
-        raise NotImplementedError
-
-    async def start(self) -> Any:
-        from nats.js.api import AckPolicy
-
-        deliver = self._link.nc.new_inbox()
-        self._sub = await self._link.nc.subscribe(deliver, cb=self._take)  # first
-        config = self._config()
-        config.deliver_subject, config.ack_policy = deliver, AckPolicy.NONE
-        config.mem_storage, config.num_replicas, config.inactive_threshold = True, 1, 60.0
-        info = await self._link.js.add_consumer(self._stream, config=config)
-        self._consumer = info.name
-        self._link.feeds.add(self)
-        return info
-
-    async def stop(self) -> None:
-        self._link.feeds.discard(self)
-        sub, self._sub = self._sub, None
-        if sub is not None:
-            with contextlib.suppress(Exception):  # a server gone: its consumers went too
-                await sub.unsubscribe()
-                await self._link.js.delete_consumer(self._stream, self._consumer)
-
-    async def restart(self) -> None:
-        """Start again after a reconnect, trying while JetStream recovers."""
-        old, self._sub = self._sub, None
-        if old is not None:
-            with contextlib.suppress(Exception):
-                await old.unsubscribe()
-        for _ in range(100):
-            if self not in self._link.feeds:
-                return
-            try:
-                await self.start()
-                break
-            except Exception:
-                await asyncio.sleep(0.2)
-        self.restarted()
-
-    def restarted(self) -> None:
-        """Called once started again."""
-
-
-class _Feed(_Pushed):
-    """The lines of one subject, pushed by the server as it stores them.
-
-    It wakes the waiters watching the subject, and keeps the last lines it was given (up
-    to `FEED_LINES` and `FEED_BYTES`) by offset, each with the offset of the next line:
-    a read from an offset it holds is served here, without a round trip. Each line kept
-    is a fact about the stream (what starts at that offset), so deliveries that repeat,
-    skip or restart (a reconnect) cannot make a read wrong, only send it to the server.
-    It is fed on the loop's thread and read on the caller's (a hop saved), under a lock.
-    """
-
-    def __init__(self, link: _Loop, stream: str, subject: str) -> None:
-        super().__init__(link, stream)
-        self.subject = subject
-        self.events: set[threading.Event] = set()
-        self.lines: dict[int, tuple[bytes, int, int]] = {}  # offset -> line, seq, next
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def _config(self) -> Any:
-        from nats.js.api import ConsumerConfig, DeliverPolicy
-
-        if self._last_seq:  # from where the last one stopped
-            return ConsumerConfig(filter_subject=self.subject, opt_start_seq=self._last_seq + 1,
-                                  deliver_policy=DeliverPolicy.BY_START_SEQUENCE)  # fmt: skip
-        return ConsumerConfig(filter_subject=self.subject, deliver_policy=DeliverPolicy.NEW)
-
-    def restarted(self) -> None:
-        self.wake()  # to read what came meanwhile
-
-    async def _take(self, msg: Any) -> None:
-        data, offset = msg.data or b"", int(msg.headers["Ralph-Offset"])
-        seq = msg.metadata.sequence.stream
-        self._last_seq = max(self._last_seq, seq)
-        with self._lock:
-            if offset not in self.lines:
-                self.lines[offset] = (data, seq, offset + len(data) + 1)
-                self._bytes += len(data)
-                while len(self.lines) > FEED_LINES or self._bytes > FEED_BYTES:
-                    self._bytes -= len(self.lines.pop(next(iter(self.lines)))[0])
-        self.wake()
-
-    def wake(self) -> None:
-        for event in self.events:
-            event.set()
-
-    def read(self, offset: int, count: int) -> tuple[list[bytes], int, int] | None:
-        """The lines held from ``offset`` on (at most ``count``), the offset after them
-        and the stream sequence of the last; None when it holds no line there."""
-        lines: list[bytes] = []
-        at, seq = offset, 0
-        with self._lock:
-            while at in self.lines and len(lines) < count:
-                line, seq, at = self.lines[at]
-                lines.append(line)
-        return (lines, at, seq) if lines else None
-
-    def forget(self) -> None:
-        with self._lock:
-            self.lines.clear()
-            self._bytes = 0
-
-
-class _Keys(_Pushed):
-    """The values of the bucket's watched keys (presence, claims, state, an inbox's
-    start), pushed by the server as they change: the last of each first, then every
-    change. Cursors and rates, written at every read and contact, are not watched."""
-
-    WATCHED: Final = ("presence", "claim", "state", "base")
-
-    def __init__(self, link: _Loop, bucket: str) -> None:
-        super().__init__(link, f"KV_{bucket}")
-        self._prefix = f"$KV.{bucket}."
-        self.values: dict[str, tuple[bytes, int] | None] = {}
-        self.ready = threading.Event()
-
-    def _config(self) -> Any:
-        from nats.js.api import ConsumerConfig, DeliverPolicy
-
-        watched = [f"{self._prefix}{kind}.>" for kind in self.WATCHED]
-        return ConsumerConfig(filter_subjects=watched,
-                              deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)  # fmt: skip
-
-    async def start(self) -> Any:
-        info = await super().start()
-        if not info.num_pending:
-            self.ready.set()
-        return info
-
-    async def _take(self, msg: Any) -> None:
-        key, meta = msg.subject[len(self._prefix) :], msg.metadata
-        operation = msg.headers.get("KV-Operation") if msg.headers else None
-        known = self.values.get(key)
-        if known is None or known[1] < meta.sequence.stream:  # not older than my own write
-            gone = operation in ("DEL", "PURGE")
-            self.values[key] = None if gone else (bytes(msg.data or b""), meta.sequence.stream)
-        if not meta.num_pending:
-            self.ready.set()
 
 
 class _Waiter:
@@ -356,7 +124,7 @@ class NatsStore:
 
     def __init__(self, url: str, team: str, *, durable: bool = False) -> None:
         self.url, self.team, self.durable = url, team, durable
-        self._link = _Loop.of(url)
+        self._link = Loop.of(url)
         self.stream = f"RALPH_{_hex(team)}"
         self._prefix = f"ralph.{_hex(team)}"
         self._kv: Any = None
@@ -366,9 +134,9 @@ class NatsStore:
         self._queued: dict[str, list[bytes]] = {}  # index subject -> entries to write
         self._log_cache: dict[str, tuple[bytes, int]] = {}  # team log -> read so far, end
         self._locks: dict[str, threading.Lock] = {}  # subject -> its appends, one at a time
-        self._feeds: dict[str, _Feed] = {}  # subject -> its feed, while a waiter watches it
+        self._feeds: dict[str, Feed] = {}  # subject -> its feed, while a waiter watches it
         self._cache: dict[str, tuple[bytes, int] | None] | None = None  # see _watched
-        self._keys: _Keys | None = None
+        self._keys: Keys | None = None
         self._renewer: threading.Thread | None = None
         self._search: SearchIndex | None = None
         self._closed = threading.Event()
@@ -1025,7 +793,7 @@ class NatsStore:
         for subject in subjects:
             feed = self._feeds.get(subject)
             if feed is None:
-                feed = _Feed(self._link, self.stream, subject)
+                feed = Feed(self._link, self.stream, subject)
                 await feed.start()
                 self._feeds[subject] = feed
             feed.events.add(event)
@@ -1092,13 +860,13 @@ class NatsStore:
         return None if found is None else (found[1],)
 
     def _watched(self, key: str) -> tuple[bytes, int] | None:
-        """``key``'s value and revision as a watch of the bucket has them (`_Keys`): the
+        """``key``'s value and revision as a watch of the bucket has them (`Keys`): the
         server pushes every change, so presence, claims, state versions and an inbox's
         start cost no round trip (a change reaches this process within the server's
         delivery time)."""
         if self._cache is None:
             self._bucket()  # the team exists
-            keys = _Keys(self._link, self.stream)
+            keys = Keys(self._link, self.stream)
             self._run(keys.start())
             if not keys.ready.wait(REQUEST_S):
                 raise StoreError(f"NATS {self.url}: no answer to a watch of the team's bucket")
@@ -1156,8 +924,8 @@ class NatsBackend:
     def __init__(self, url: str) -> None:
         self.url = url
 
-    def _link(self) -> _Loop:
-        return _Loop.of(self.url)
+    def _link(self) -> Loop:
+        return Loop.of(self.url)
 
     def _teams(self) -> Any:
         link = self._link()
