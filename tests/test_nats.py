@@ -205,3 +205,38 @@ def test_backend_is_an_option_of_every_command(tmp_path: Path) -> None:
     assert b"demo" not in cli(env, "team", "list").stdout  # files: no such team there
     assert _backend_option(["run", "--", "tool", "--backend", "x"]) == [
         "run", "--", "tool", "--backend", "x"]  # fmt: skip
+
+
+#: Sends and reads, then says which of nats-py and asyncio it imported.
+ONE_OFF = """
+import sys
+from ralph_mail import MessageBus
+lead = MessageBus("demo", "lead", sys.argv[1], backend=sys.argv[2])
+lead.send("w", "text", "hello")
+w = MessageBus("demo", "w", sys.argv[1], backend=sys.argv[2])
+print([m.content for m in w.poll()], "nats" in sys.modules, "asyncio" in sys.modules)
+w.close()
+lead.close()
+"""
+
+
+def test_a_one_off_command_talks_to_the_server_without_nats_py(home: Path) -> None:
+    """Sends, reads and the bucket's keys go over natswire: a command that does not
+    wait never imports nats-py (nor asyncio), and starts the sooner for it."""
+    url = fresh_nats()
+    create_team("demo", ["lead", "w"], home=home, backend=url)
+    done = subprocess.run([sys.executable, "-c", ONE_OFF, str(home), url], capture_output=True,
+                          text=True, timeout=BOUND_S)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["['hello']", "False", "False"]
+
+
+def test_a_server_never_reached_is_said_at_once(tmp_path: Path) -> None:
+    """No server at the URL: one line naming it and the fix, exit 2, no waiting for a
+    server to come back (that is for one that was there)."""
+    env = cli_env(tmp_path, RALPH_BACKEND="nats://127.0.0.1:1")
+    sent = cli(env, "send", "w", "hello", "--team", "demo", "--agent", "lead")
+    assert sent.returncode == 2
+    assert sent.stderr.startswith(b"ralph-mail: error: cannot reach the NATS server at "
+                                  b"nats://127.0.0.1:1")  # fmt: skip
+    assert b"start it (nats-server -js)" in sent.stderr and sent.stderr.count(b"\n") == 1

@@ -26,17 +26,19 @@ What the file backend does with gc is the server's business here: nothing is com
 (``compact`` drops nothing; the stream's limits and ``purge_archive`` bound it), so the
 audit trail is the stream itself.
 
-Two connections per process and server. The store's round trips (appends, reads,
-cursor and index writes) go over a blocking socket per thread (`natswire.Wire`): nats-py
-is asyncio only, and reaching its loop from a synchronous caller costs a thread hop
-longer than the round trip. nats-py's connection (`natspush`), on a loop thread of its
-own, carries what the server pushes (feeds, the bucket's watch) and the bucket's and
-streams' administration. Cursor and index writes are made in the background, in order, on one
-thread of their own.
+Two connections per process and server. The store's round trips (appends, reads, the
+bucket's keys, cursor and index writes) go over a blocking socket per thread
+(`natswire.Wire`): nats-py is asyncio only, and reaching its loop from a synchronous
+caller costs a thread hop longer than the round trip. nats-py's connection
+(`natspush`), on a loop thread of its own, carries what the server pushes (feeds, the
+bucket's watch) and the creation and removal of teams; it is imported when first
+needed. Cursor and index writes are made in the background, in order, on one thread of
+their own.
 """
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import contextlib
 import json
@@ -53,10 +55,10 @@ import orjson
 from ralph_mail.errors import InboxBusy, StoreError
 from ralph_mail.message import check_name, format_ts
 from ralph_mail.store.base import Compaction, Cursor
-from ralph_mail.store.natspush import REQUEST_S, Feed, Keys, Loop
-from ralph_mail.store.natswire import Reply, Wire, WireError
+from ralph_mail.store.natswire import REQUEST_S, Reply, Wire, WireError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # natspush (nats-py, asyncio) is imported when first needed
+    from ralph_mail.store.natspush import Feed, Keys, Loop
     from ralph_mail.store.search import Query, SearchIndex
     from ralph_mail.store.watch import StopEvent
 
@@ -76,6 +78,8 @@ def lease_s() -> float:
         return LEASE_S
 
 
+#: Keys looked up one by one before the bucket's watch starts (see `NatsStore._watched`).
+WATCH_AFTER: Final = 8
 #: Index messages read first, hoping they are all (see `NatsStore.index_tail`).
 INDEX_PROBE: Final = 64
 #: Tries of an append that keeps losing the race for its subject's end.
@@ -124,10 +128,9 @@ class NatsStore:
 
     def __init__(self, url: str, team: str, *, durable: bool = False) -> None:
         self.url, self.team, self.durable = url, team, durable
-        self._link = Loop.of(url)
         self.stream = f"RALPH_{_hex(team)}"
         self._prefix = f"ralph.{_hex(team)}"
-        self._kv: Any = None
+        self._looks = 0  # keys looked up before the bucket's watch started (see _watched)
         self._tails: dict[str, tuple[int, int, int, str]] = {}  # subject -> seq, end, n, ts
         self._seqs: dict[str, dict[int, int]] = {}  # subject -> offset -> stream seq
         self._claims: dict[str, int] = {}  # agent -> revision of my claim
@@ -142,6 +145,14 @@ class NatsStore:
         self._closed = threading.Event()
 
     # -- plumbing -------------------------------------------------------------------------
+
+    @property
+    def _link(self) -> Loop:
+        """nats-py's connection: made when something needs it (a waiter, the bucket's
+        watch, the streams' administration), so a one-off command never imports it."""
+        from ralph_mail.store.natspush import Loop
+
+        return Loop.of(self.url)
 
     def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
         try:
@@ -158,26 +169,29 @@ class NatsStore:
         headers: dict[str, str] | None = None,
         *,
         batch: bool = False,
+        timeout: float = REQUEST_S,
     ) -> list[Reply]:
         """One round trip over this thread's `Wire` (no hop to the loop's thread)."""
-        try:
-            read = subject.startswith("$JS.API.DIRECT.GET.")  # asked again after a break
+        read = subject.startswith(("$JS.API.DIRECT.GET.", "$JS.API.STREAM."))  # asked again
+        try:  # (a read meeting a broken connection is asked again over a new one)
             wire = Wire.for_thread(self.url)
-            return wire.request(subject, payload, headers, batch=batch, again=read)
-        except (WireError, TimeoutError) as exc:
+            return wire.request(subject, payload, headers, batch=batch, again=read,
+                                timeout=timeout)  # fmt: skip
+        except WireError as exc:
+            raise StoreError(str(exc) if "start it" in str(exc) else f"NATS {self.url}: {exc}"
+                             ) from None  # fmt: skip
+        except TimeoutError as exc:
             raise StoreError(f"NATS {self.url}: {exc}") from None
 
-    def _bucket(self) -> Any:
-        if self._kv is None:
-
-            async def open_it() -> Any:
-                return await self._link.js.key_value(self.stream)
-
-            try:
-                self._kv = self._link.run(open_it())
-            except Exception:
-                raise FileNotFoundError(f"no team {self.team!r} at {self.url}") from None
-        return self._kv
+    def _api(self, subject: str, request: dict[str, Any]) -> dict[str, Any]:
+        """A JetStream API request's answer; a stream not found is no team."""
+        answer = self._ask(f"$JS.API.{subject}", orjson.dumps(request))[0]
+        if answer.status is not None:
+            self._missing(answer)
+        found: dict[str, Any] = orjson.loads(answer.data)
+        if found.get("error", {}).get("err_code") == 10059:  # stream not found
+            raise FileNotFoundError(f"no team {self.team!r} at {self.url}")
+        return found
 
     def _subject(self, key: str) -> str:
         """The subject of log ``key``: an inbox, ``#channel``, ``log:name`` or ``ix:key``."""
@@ -287,32 +301,68 @@ class NatsStore:
         self._kv_put(f"presence.{_key(agent)}", record)
 
     def load_presence(self, agent: str) -> bytes | None:
-        key = f"presence.{_key(agent)}"
+        return self._looked(f"presence.{_key(agent)}")
+
+    def _looked(self, key: str) -> bytes | None:
+        """``key``'s value from the watch, asked of the server when the watch has not
+        heard of it (a watch can start a moment behind a write)."""
         found = self._watched(key)
-        if found is None:  # not heard of yet: the watch may start a moment behind, ask
+        if found is None and self._keys is not None:
             return self._kv_get(key)
-        return found[0]
+        return found[0] if found is not None else None
+
+    # -- the bucket, over the wire --------------------------------------------------------
 
     def _kv_get(self, key: str) -> bytes | None:
         return self._kv_entry(key)[0]
 
     def _kv_entry(self, key: str) -> tuple[bytes | None, int]:
-        from nats.js.errors import KeyNotFoundError
-
-        kv = self._bucket()
-
-        async def get() -> tuple[bytes | None, int]:
-            try:
-                entry = await kv.get(key)
-            except KeyNotFoundError:
+        """``key``'s value and revision: None and the revision of its deletion when it
+        was deleted, None and 0 when it never was."""
+        got = self._api(f"STREAM.MSG.GET.KV_{self.stream}",
+                        {"last_by_subj": f"$KV.{self.stream}.{key}"})  # fmt: skip
+        if "error" in got:
+            if got["error"].get("err_code") == 10037:  # no message: never set
                 return None, 0
-            return (bytes(entry.value) if entry.value is not None else None), entry.revision
+            raise StoreError(f"NATS {self.url}: {got['error'].get('description', got)}")
+        message = got["message"]
+        marks = base64.b64decode(message.get("hdrs") or b"")
+        if b"KV-Operation: DEL" in marks or b"KV-Operation: PURGE" in marks:
+            return None, int(message["seq"])
+        return base64.b64decode(message.get("data") or b""), int(message["seq"])
 
-        return self._run(get())
+    def _kv_write(
+        self, key: str, value: bytes, last: int | None = None, *, timeout: float = REQUEST_S
+    ) -> int | None:
+        """Put ``value`` (``last``: only over that revision; 0, only when ``key`` was
+        never set); its revision, or None when ``last`` was not the last."""
+        headers = {"Nats-Expected-Last-Subject-Sequence": str(last)} if last is not None else {}
+        return self._kv_send(key, value, headers, timeout)
+
+    def _kv_delete(self, key: str, *, timeout: float = REQUEST_S) -> None:
+        self._kv_send(key, b"", {"KV-Operation": "DEL"}, timeout)
+        if self._cache is not None:
+            self._cache[key] = None
+
+    def _kv_send(
+        self, key: str, value: bytes, headers: dict[str, str], timeout: float
+    ) -> int | None:
+        answer = self._ask(f"$KV.{self.stream}.{key}", value, headers or None, timeout=timeout)[0]
+        if answer.status is not None:  # 503: no bucket takes it
+            self._missing(answer)
+            raise FileNotFoundError(f"no team {self.team!r} at {self.url}")
+        ack: dict[str, Any] = orjson.loads(answer.data)
+        error = ack.get("error")
+        if error is None:
+            return int(ack["seq"])
+        if error.get("err_code") == 10071:  # wrong last sequence
+            return None
+        raise StoreError(f"NATS {self.url}: {error.get('description', error)}")
 
     def _kv_put(self, key: str, value: bytes) -> None:
-        kv = self._bucket()
-        self._saw(key, value, self._run(kv.put(key, value)))
+        revision = self._kv_write(key, value)
+        assert revision is not None
+        self._saw(key, value, revision)
 
     def _saw(self, key: str, value: bytes, revision: int) -> None:
         """Note my own write in the watch's cache at once: what this process wrote, it
@@ -325,27 +375,13 @@ class NatsStore:
     def _kv_update(self, key: str, change: Callable[[bytes | None], bytes]) -> None:
         """Replace ``key`` with ``change(value)``, retried until no other update came
         between the read and the write."""
-        from nats.js.errors import KeyWrongLastSequenceError
-
-        kv = self._bucket()
         for _ in range(APPEND_TRIES):
             raw, revision = self._kv_entry(key)
             value = change(raw)
-
-            async def write(value: bytes = value, revision: int = revision) -> int:
-                if revision:
-                    return int(await kv.update(key, value, last=revision))
-                return int(await kv.create(key, value))
-
-            try:
-                self._saw(key, value, self._link.run(write()))
+            written = self._kv_write(key, value, last=revision)
+            if written is not None:
+                self._saw(key, value, written)
                 return
-            except KeyWrongLastSequenceError:
-                continue
-            except Exception as exc:
-                if "wrong last sequence" in str(exc) or exc.__class__.__name__.startswith("Key"):
-                    continue
-                raise StoreError(f"NATS {self.url}: {exc}") from None
         raise StoreError(f"NATS {self.url}: {key} kept changing under {APPEND_TRIES} updates")
 
     # -- logs -----------------------------------------------------------------------------
@@ -487,8 +523,10 @@ class NatsStore:
                 return self._tail(subject)[1]
             for msg in found:
                 if _ts_of(msg.data) >= before:
-                    self._run(self._link.js.purge_stream(self.stream, subject=subject,
-                                                         seq=self._seq(msg)))  # fmt: skip
+                    purged = self._api(f"STREAM.PURGE.{self.stream}",
+                                       {"filter": subject, "seq": self._seq(msg)})  # fmt: skip
+                    if "error" in purged:
+                        raise StoreError(f"NATS {self.url}: {purged['error']}")
                     self._seqs.pop(subject, None)
                     if subject in self._feeds:
                         self._feeds[subject].forget()
@@ -510,17 +548,12 @@ class NatsStore:
     def _logs(self) -> list[str]:
         """Every inbox and channel of the team that holds a line (a former member's too)."""
 
-        async def subjects() -> list[str]:
-            info = await self._link.js.stream_info(self.stream, subjects_filter=f"{self._prefix}.>")
-            return list((info.state.subjects or {}).keys())
-
         found = []
-        for subject in self._run(subjects()):
-            kind, _, name = subject[len(self._prefix) + 1 :].partition(".")
-            if kind == "in":
-                found.append(name)
-            elif kind == "ch":
-                found.append(f"#{name}")
+        for kind, mark in (("in", ""), ("ch", "#")):  # (not the indexes: one a thread)
+            wanted = {"subjects_filter": f"{self._prefix}.{kind}.>"}
+            info = self._api(f"STREAM.INFO.{self.stream}", wanted)
+            for subject in info.get("state", {}).get("subjects") or {}:
+                found.append(mark + subject[len(self._prefix) + len(kind) + 2 :])
         return sorted(found)
 
     def forget_archived(self, agent: str, offset: int) -> None:
@@ -557,13 +590,15 @@ class NatsStore:
         with _PENDING_LOCK:
             pending = [f for k, f in _PENDING if kind in ("", k)]
             _PENDING[:] = [(k, f) for k, f in _PENDING if kind not in ("", k)]
+        deadline = time.monotonic() + REQUEST_S  # for them all (a server away: not each)
         for future in pending:
             try:
-                future.result(REQUEST_S)
+                future.result(max(0.0, deadline - time.monotonic()))
             except Exception as exc:
                 import warnings
 
-                warnings.warn(f"a background write failed ({exc}): an index entry is "
+                why = str(exc) or f"not done within {REQUEST_S:g} s"
+                warnings.warn(f"a background write failed ({why}): an index entry is "
                               "missing, or a cursor moved less far", RuntimeWarning,
                               stacklevel=3)  # fmt: skip
 
@@ -650,20 +685,13 @@ class NatsStore:
                     int(holder["pid"]),
                 )
             value = orjson.dumps({**me, "until": time.time() + lease_s()})
-            kv = self._bucket()
-
-            async def take(value: bytes = value, revision: int = revision, kv: Any = kv) -> int:
-                if revision:
-                    return int(await kv.update(key, value, last=revision))
-                return int(await kv.create(key, value))
-
-            try:
-                self._claims[agent] = self._link.run(take())
-                self._saw(key, value, self._claims[agent])
-                self._renew()
-                return
-            except Exception:  # another process took it meanwhile: look again
+            taken = self._kv_write(key, value, last=revision)
+            if taken is None:  # another process took it meanwhile: look again
                 continue
+            self._claims[agent] = taken
+            self._saw(key, value, taken)
+            self._renew()
+            return
         raise InboxBusy(f"the inbox of {agent!r} is being claimed by another process")
 
     def _renew(self) -> None:
@@ -678,27 +706,24 @@ class NatsStore:
                     value = orjson.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                                           "until": time.time() + lease_s()})  # fmt: skip
                     try:
-                        self._claims[agent] = self._link.run(
-                            self._bucket().update(key, value, last=self._claims[agent])
-                        )
+                        renewed = self._kv_write(key, value, last=self._claims[agent])
                     except Exception:
+                        renewed = None  # (a server away past the lease: claimed again)
+                    if renewed is None:
                         self._claims.pop(agent, None)  # lost: the next read claims again
+                    else:
+                        self._claims[agent] = renewed
 
         self._renewer = threading.Thread(target=renew, name="ralph-nats-lease", daemon=True)
         self._renewer.start()
 
     def release(self, agent: str) -> None:
         if self._claims.pop(agent, None) is not None:
-            kv = self._bucket()
-            with contextlib.suppress(Exception):  # else the lease lapses by itself
-                self._link.run(kv.delete(f"claim.{_key(agent)}"), timeout=2.0)
-            if self._cache is not None:
-                self._cache[f"claim.{_key(agent)}"] = None
+            with contextlib.suppress(StoreError):  # else the lease lapses by itself
+                self._kv_delete(f"claim.{_key(agent)}", timeout=2.0)
 
     def consumer(self, agent: str) -> int | None:
-        key = f"claim.{_key(agent)}"
-        found = self._watched(key)
-        raw = found[0] if found is not None else self._kv_get(key)  # as in load_presence
+        raw = self._looked(f"claim.{_key(agent)}")
         holder = orjson.loads(raw) if raw else None
         if holder is None or holder.get("until", 0) <= time.time():
             return None
@@ -756,24 +781,15 @@ class NatsStore:
         """Whose cursors hold a log's start: its owner, or a channel's members."""
         if not key.startswith("#"):
             return [key]
-        kv = self._bucket()
-
-        async def keys() -> list[str]:
-            from nats.js.errors import NoKeysError
-
-            try:
-                found = await kv.keys()
-            except NoKeysError:
-                return []
-            return [str(k) for k in found if str(k).startswith("cursor.")]
-
+        cursors = f"$KV.{self.stream}.cursor."
+        info = self._api(f"STREAM.INFO.KV_{self.stream}", {"subjects_filter": f"{cursors}>"})
         prefix = f"{key}@"
         readers = []
-        for stored in self._run(keys()):
-            name = stored[len("cursor.") :]
+        for stored in info.get("state", {}).get("subjects") or {}:
+            name = stored[len(cursors) :]
             name = bytes.fromhex(name[1:]).decode() if name.startswith("x") else name
-            if name.startswith(prefix):
-                readers.append(name)
+            if name.startswith(prefix) and self._kv_get(f"cursor.{_key(name)}") is not None:
+                readers.append(name)  # (a deleted cursor keeps its subject, empty)
         return readers
 
     def collectable(self, agent: str, floor: int) -> int:
@@ -783,16 +799,19 @@ class NatsStore:
         return max(0, floor - (int(found[0]) if found is not None else 0))
 
     def drop_cursor(self, key: str) -> None:
-        kv = self._bucket()
-        self._run(kv.delete(f"cursor.{_key(key)}"))
+        self._flush("cursor")  # (not to be put back by a write still under way)
+        self._kv_delete(f"cursor.{_key(key)}")
 
     def waiter(self, agents: list[str]) -> _Waiter:
+        self._looks = WATCH_AFTER  # a process that waits lives long: watch the bucket
         return _Waiter(self, [self._subject(key) for key in agents])
 
     async def _watch(self, subjects: list[str], event: threading.Event) -> None:
         for subject in subjects:
             feed = self._feeds.get(subject)
             if feed is None:
+                from ralph_mail.store.natspush import Feed
+
                 feed = Feed(self._link, self.stream, subject)
                 await feed.start()
                 self._feeds[subject] = feed
@@ -808,13 +827,10 @@ class NatsStore:
                     await feed.stop()
 
     def create_log(self, key: str) -> None:
-        from nats.js.errors import KeyWrongLastSequenceError
-
-        kv = self._bucket()
-        try:
-            self._link.run(kv.create(f"log.{_key(key)}", b"1"))
-        except KeyWrongLastSequenceError:
-            raise FileExistsError(key) from None
+        name = f"log.{_key(key)}"
+        raw, revision = self._kv_entry(name)  # a deleted one may be made again
+        if raw is not None or self._kv_write(name, b"1", last=revision) is None:
+            raise FileExistsError(key)
 
     # -- team logs, state, rates ----------------------------------------------------------
 
@@ -863,9 +879,15 @@ class NatsStore:
         """``key``'s value and revision as a watch of the bucket has them (`Keys`): the
         server pushes every change, so presence, claims, state versions and an inbox's
         start cost no round trip (a change reaches this process within the server's
-        delivery time)."""
+        delivery time). The watch starts at the `WATCH_AFTER`-th look, or with the first
+        waiter; before, each look asks the server."""
         if self._cache is None:
-            self._bucket()  # the team exists
+            self._looks += 1
+            if self._looks <= WATCH_AFTER:  # a short life (a command): asked, exactly
+                raw, revision = self._kv_entry(key)
+                return None if raw is None else (raw, revision)
+            from ralph_mail.store.natspush import Keys
+
             keys = Keys(self._link, self.stream)
             self._run(keys.start())
             if not keys.ready.wait(REQUEST_S):
@@ -925,6 +947,8 @@ class NatsBackend:
         self.url = url
 
     def _link(self) -> Loop:
+        from ralph_mail.store.natspush import Loop
+
         return Loop.of(self.url)
 
     def _teams(self) -> Any:

@@ -15,11 +15,10 @@ from collections.abc import Coroutine
 from typing import Any, Final, TypeVar
 
 from ralph_mail.errors import StoreError
+from ralph_mail.store.natswire import REQUEST_S
 
 _T = TypeVar("_T")
 
-#: How long one request to the server may take (s).
-REQUEST_S: Final = 10.0
 #: Lines a feed keeps for reads at most, and bytes (see `Feed`).
 FEED_LINES: Final = 2000
 FEED_BYTES: Final = 1 << 20

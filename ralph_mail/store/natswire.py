@@ -23,7 +23,7 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Final
+from typing import ClassVar, Final
 from urllib.parse import unquote, urlsplit
 
 #: How long a request may take by default (s).
@@ -48,10 +48,15 @@ class WireError(ConnectionError):
     """The server could not be reached, or went away under a request."""
 
 
+class Unreachable(WireError):
+    """No server answered at the URL (in time)."""
+
+
 class Wire:
     """One blocking connection to a NATS server (not thread safe: see `for_thread`)."""
 
     _local = threading.local()
+    _reached: ClassVar[set[tuple[int, str]]] = set()  # (pid, url) it has connected to
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -72,6 +77,8 @@ class Wire:
     # -- connecting -------------------------------------------------------------------
 
     def _connect(self, deadline: float) -> socket.socket:
+        """Connect, and try again until ``deadline`` when this process reached the
+        server before (it is restarting); at once, the first time (nothing there)."""
         where = urlsplit(self.url)
         host, port = where.hostname or "127.0.0.1", where.port or 4222
         while True:
@@ -79,8 +86,13 @@ class Wire:
                 sock = socket.create_connection((host, port), max(0.1, deadline - time.monotonic()))
                 break
             except OSError as exc:
+                if (os.getpid(), self.url) not in Wire._reached:
+                    raise Unreachable(
+                        f"cannot reach the NATS server at {self.url} ({exc}): start it "
+                        "(nats-server -js) or check RALPH_BACKEND"
+                    ) from None
                 if time.monotonic() + 0.2 >= deadline:
-                    raise WireError(f"cannot reach {host}:{port} ({exc})") from None
+                    raise Unreachable(f"cannot reach {host}:{port} ({exc})") from None
                 time.sleep(0.2)  # a server restarting: as nats-py, try again shortly
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock, self._buf = sock, b""
@@ -103,6 +115,7 @@ class Wire:
         while True:
             line = self._line(deadline)
             if line == b"PONG":
+                Wire._reached.add((os.getpid(), self.url))
                 return sock
             if line.startswith(b"-ERR"):
                 raise WireError(f"{host}:{port} refused the connection: {line[5:].decode()}")
@@ -147,6 +160,8 @@ class Wire:
         while True:
             try:
                 return self._request(subject, payload, headers, deadline, batch)
+            except Unreachable:
+                raise  # (connecting tried again until the deadline already)
             except WireError:
                 if not again or time.monotonic() >= deadline:
                     raise
