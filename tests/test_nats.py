@@ -240,3 +240,33 @@ def test_a_server_never_reached_is_said_at_once(tmp_path: Path) -> None:
     assert sent.stderr.startswith(b"ralph-mail: error: cannot reach the NATS server at "
                                   b"nats://127.0.0.1:1")  # fmt: skip
     assert b"start it (nats-server -js)" in sent.stderr and sent.stderr.count(b"\n") == 1
+
+
+def test_a_forked_child_makes_none_of_its_parents_background_writes(home: Path) -> None:
+    """Index entries and cursors still being written when a process forks stay the
+    parent's: the child's close does not wait for them, nor write them again."""
+    import os
+
+    url = fresh_nats()
+    create_team("demo", ["lead", "w"], home=home, backend=url)
+    lead = MessageBus("demo", "lead", home, backend=url)
+    for n in range(20):
+        lead.send("w", "text", f"before {n}")  # each leaves index entries to write
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports by its exit status
+        code = 1
+        try:
+            mine = MessageBus("demo", "lead", home, backend=url)
+            mine.send("w", "text", "from the child")
+            mine.close()
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + BOUND_S
+    while (done := os.waitpid(child, os.WNOHANG))[0] == 0:
+        assert time.monotonic() < deadline, "the child never finished"
+        time.sleep(0.01)
+    assert os.waitstatus_to_exitcode(done[1]) == 0
+    lead.close()
+    pair = MessageBus("demo", "w", home, backend=url).history("lead", 100)
+    assert [m.content for m in pair] == [f"before {n}" for n in range(20)] + ["from the child"]

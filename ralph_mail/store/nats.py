@@ -43,6 +43,7 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import queue
 import re
 import socket
 import threading
@@ -932,7 +933,49 @@ class NatsStore:
 #: in order on one thread of their own.
 _PENDING: list[tuple[str, concurrent.futures.Future[Any]]] = []
 _PENDING_LOCK = threading.Lock()
-_BACKGROUND = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ralph-nats-write")
+
+
+class _Background:
+    """One daemon thread making writes in the order they came. Not an executor's: at
+    exit the interpreter would wait for every write still queued (10 s each, with the
+    server away); what `close` did not see done is left, as a crash would leave it."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[concurrent.futures.Future[Any], Callable[[], Any]]]
+        self._queue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, write: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._queue.put((future, lambda: write(*args)))
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():  # (or forked)
+                self._thread = threading.Thread(target=self._run, name="ralph-nats-write",
+                                                daemon=True)  # fmt: skip
+                self._thread.start()
+        return future
+
+    def _run(self) -> None:
+        while True:
+            future, write = self._queue.get()
+            try:
+                future.set_result(write())
+            except BaseException as exc:
+                future.set_exception(exc)
+
+
+_BACKGROUND = _Background()
+
+
+def _forked() -> None:
+    """A child starts with no writes of its parent's (their thread did not come along)."""
+    global _BACKGROUND, _PENDING_LOCK
+    _BACKGROUND, _PENDING_LOCK = _Background(), threading.Lock()
+    _PENDING.clear()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def _ts_of(line: bytes) -> str:
