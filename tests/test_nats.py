@@ -270,3 +270,26 @@ def test_a_forked_child_makes_none_of_its_parents_background_writes(home: Path) 
     lead.close()
     pair = MessageBus("demo", "w", home, backend=url).history("lead", 100)
     assert [m.content for m in pair] == [f"before {n}" for n in range(20)] + ["from the child"]
+
+
+def test_a_waiter_whose_consumer_the_server_forgot_makes_it_again(home: Path) -> None:
+    """A waiter's consumer lives in the server's memory: gone (a restart, an idle hour),
+    the wait returns for a read, and the next one is woken by the next line again."""
+    from ralph_mail.store import backend
+
+    url = fresh_nats()
+    create_team("demo", ["lead", "w"], home=home, backend=url)
+    store = backend(home, url).team_store("demo")
+    lead = MessageBus("demo", "lead", home, backend=url)
+    waiter = store.waiter(["w"])
+    try:
+        gone = store._api(f"CONSUMER.DELETE.{store.stream}.{waiter._name}", {})  # type: ignore[attr-defined]
+        assert gone.get("success"), gone
+        assert waiter.wait(BOUND_S)  # it found its consumer gone: look again
+        lead.send("w", "text", "after")
+        assert waiter.wait(BOUND_S)
+        assert [m.content for m in MessageBus("demo", "w", home, backend=url).poll()] == ["after"]
+    finally:
+        waiter.close()
+        lead.close()
+        store.close()

@@ -15,8 +15,8 @@ retried under the same id is stored once within the stream's duplicate window. A
 is not a log: its messages (entries) carry no offsets, and writers do not take turns.
 
 Reads are batched direct gets (one round trip for up to `READ_BATCH` lines). A waiter
-is fed by an ephemeral consumer of its subjects (`Feed`): woken when a line is stored,
-and holding the last lines, so the read that follows a wake-up costs no round trip. The
+pulls from an ephemeral consumer of its subjects (`_Waiter`): the server holds the pull
+until a line is stored, and the line pulled serves the read that follows. The
 bucket keeps the roster, presence, cursors (with the stream sequence of the floor),
 state, rates and the one-consumer claim: a lease renewed every `LEASE_S` / 3 seconds, so
 a consumer killed -9 is released within `LEASE_S` (on files, at once). Presence, claims,
@@ -30,10 +30,9 @@ Two connections per process and server. The store's round trips (appends, reads,
 bucket's keys, cursor and index writes) go over a blocking socket per thread
 (`natswire.Wire`): nats-py is asyncio only, and reaching its loop from a synchronous
 caller costs a thread hop longer than the round trip. nats-py's connection
-(`natspush`), on a loop thread of its own, carries what the server pushes (feeds, the
-bucket's watch) and the creation and removal of teams; it is imported when first
-needed. Cursor and index writes are made in the background, in order, on one thread of
-their own.
+(`natspush`), on a loop thread of its own, carries the bucket's watch and the creation
+and removal of teams; it is imported when first needed. Cursor and index writes are
+made in the background, in order, on one thread of their own.
 """
 
 from __future__ import annotations
@@ -59,7 +58,7 @@ from ralph_mail.store.base import Compaction, Cursor
 from ralph_mail.store.natswire import REQUEST_S, Reply, Wire, WireError
 
 if TYPE_CHECKING:  # natspush (nats-py, asyncio) is imported when first needed
-    from ralph_mail.store.natspush import Feed, Keys, Loop
+    from ralph_mail.store.natspush import Keys, Loop
     from ralph_mail.store.search import Query, SearchIndex
     from ralph_mail.store.watch import StopEvent
 
@@ -79,6 +78,12 @@ def lease_s() -> float:
         return LEASE_S
 
 
+#: How long a waiter's consumer lives on the server without a pull (s).
+PULL_IDLE_S: Final = 60.0
+#: How often a wait that may be stopped (an MCP call cancelled) looks at its stop (s).
+PULL_STOP_S: Final = 0.1
+#: Lines pulled by waiters kept for the reads that follow, a subject (see `_pulled`).
+KEPT_LINES: Final = 256
 #: Keys looked up one by one before the bucket's watch starts (see `NatsStore._watched`).
 WATCH_AFTER: Final = 8
 #: Index messages read first, hoping they are all (see `NatsStore.index_tail`).
@@ -99,13 +104,36 @@ def _key(name: str) -> str:
 
 
 class _Waiter:
-    """Woken by the server when a line is stored in one of its subjects (their feeds')."""
+    """Waits in the caller's own thread: a pull of the next line stored in its subjects,
+    from a consumer of its own (memory, no acks), over the thread's `Wire`. The server
+    holds the pull until a line is stored or the wait is over, so nothing polls and no
+    other thread has to pass the news on; the line pulled is kept for the read that
+    follows. A consumer the server forgot (restarted; idle past `PULL_IDLE_S`) is made
+    again, and the wait returns for a read of what came meanwhile."""
 
     def __init__(self, store: NatsStore, subjects: list[str]) -> None:
-        self._store = store
-        self._event = threading.Event()
-        self._subjects = subjects
-        store._run(store._watch(subjects, self._event))
+        self._store, self._subjects = store, subjects
+        self._last = 0  # the last stream sequence pulled
+        self._name = ""
+        self._make()
+
+    def _make(self) -> None:
+        config: dict[str, Any] = {"ack_policy": "none", "mem_storage": True, "num_replicas": 1,
+                                  "inactive_threshold": int(PULL_IDLE_S * 1e9)}  # fmt: skip
+        if len(self._subjects) == 1:
+            config["filter_subject"] = self._subjects[0]
+        else:
+            config["filter_subjects"] = self._subjects
+        if self._last:  # from where the last one stopped
+            config["deliver_policy"], config["opt_start_seq"] = "by_start_sequence", self._last + 1
+        else:
+            config["deliver_policy"] = "new"
+        stream = self._store.stream
+        made = self._store._api(f"CONSUMER.CREATE.{stream}", {"stream_name": stream,
+                                                             "config": config})  # fmt: skip
+        if "error" in made:
+            raise StoreError(f"NATS {self._store.url}: {made['error'].get('description')}")
+        self._name = str(made["name"])
 
     def wait(self, timeout: float, stop: StopEvent | None = None) -> bool:
         deadline = time.monotonic() + timeout
@@ -113,15 +141,29 @@ class _Waiter:
             left = deadline - time.monotonic()
             if left <= 0 or (stop is not None and stop.is_set()):
                 return False
-            if self._event.wait(min(left, 0.05) if stop is not None else left):
-                self._event.clear()
+            step = max(0.001, min(left, PULL_STOP_S) if stop is not None else left)
+            pull = orjson.dumps({"batch": 1, "expires": int(step * 1e9)})
+            try:
+                got = self._store._ask(f"$JS.API.CONSUMER.MSG.NEXT.{self._store.stream}."
+                                       f"{self._name}", pull, timeout=step + REQUEST_S,
+                                       pull=True)[0]  # fmt: skip
+            except StoreError:
+                self._name = ""  # (made again below, once the server answers)
+                got = None
+            if got is not None and got.status is None:
+                self._last = max(self._last, self._store._pulled(got))
                 return True
+            if got is not None and got.status == "408":
+                continue  # the pull expired with nothing: pull again
+            with contextlib.suppress(StoreError):  # gone (or the server away): again
+                self._make()
+            return True
 
     def close(self) -> None:
-        if self._subjects:
-            with contextlib.suppress(Exception):  # a server gone: the consumers went too
-                self._store._link.run(self._store._unwatch(self._subjects, self._event), 2.0)
-            self._subjects = []
+        if self._name:
+            stream, name, self._name = self._store.stream, self._name, ""
+            with contextlib.suppress(StoreError):  # else it lapses after PULL_IDLE_S
+                self._store._ask(f"$JS.API.CONSUMER.DELETE.{stream}.{name}", timeout=2.0)
 
 
 class NatsStore:
@@ -138,7 +180,8 @@ class NatsStore:
         self._queued: dict[str, list[bytes]] = {}  # index subject -> entries to write
         self._log_cache: dict[str, tuple[bytes, int]] = {}  # team log -> read so far, end
         self._locks: dict[str, threading.Lock] = {}  # subject -> its appends, one at a time
-        self._feeds: dict[str, Feed] = {}  # subject -> its feed, while a waiter watches it
+        self._kept: dict[str, dict[int, tuple[bytes, int, int]]] = {}  # see _pulled
+        self._kept_lock = threading.Lock()
         self._cache: dict[str, tuple[bytes, int] | None] | None = None  # see _watched
         self._keys: Keys | None = None
         self._renewer: threading.Thread | None = None
@@ -171,13 +214,14 @@ class NatsStore:
         *,
         batch: bool = False,
         timeout: float = REQUEST_S,
+        pull: bool = False,
     ) -> list[Reply]:
         """One round trip over this thread's `Wire` (no hop to the loop's thread)."""
         read = subject.startswith(("$JS.API.DIRECT.GET.", "$JS.API.STREAM."))  # asked again
         try:  # (a read meeting a broken connection is asked again over a new one)
             wire = Wire.for_thread(self.url)
             return wire.request(subject, payload, headers, batch=batch, again=read,
-                                timeout=timeout)  # fmt: skip
+                                timeout=timeout, pull=pull)  # fmt: skip
         except WireError as exc:
             raise StoreError(str(exc) if "start it" in str(exc) else f"NATS {self.url}: {exc}"
                              ) from None  # fmt: skip
@@ -448,15 +492,33 @@ class NatsStore:
         held = self._held(subject, offset, count)
         return (held, offset) if held is not None else self._fetch(subject, offset, count)
 
+    def _pulled(self, message: Reply) -> int:
+        """Keep a line a waiter pulled, for the read that follows (up to `KEPT_LINES` a
+        subject, by offset, each with the offset of the next line: a line kept is a
+        fact about the stream, so a read from one is served here, without a round
+        trip); return its stream sequence."""
+        tokens = message.reply.split(".")  # $JS.ACK.[domain.account.]stream.consumer...
+        seq = int(tokens[5] if len(tokens) == 9 else tokens[7])
+        offset = int(message.headers["Ralph-Offset"])
+        with self._kept_lock:
+            kept = self._kept.setdefault(message.subject, {})
+            kept[offset] = (message.data, seq, offset + len(message.data) + 1)
+            if len(kept) > KEPT_LINES:
+                del kept[next(iter(kept))]
+        return seq
+
     def _held(self, subject: str, offset: int, count: int) -> bytes | None:
-        """What the subject's feed holds from ``offset`` (no round trip, not even a hop);
-        None when it holds nothing there."""
-        feed = self._feeds.get(subject)
-        held = feed.read(offset, count) if feed is not None else None
-        if held is None:
+        """The lines kept from ``offset`` on (see `_pulled`); None when none is."""
+        lines: list[bytes] = []
+        at, seq = offset, 0
+        with self._kept_lock:
+            kept = self._kept.get(subject, {})
+            while at in kept and len(lines) < count:
+                line, seq, at = kept[at]
+                lines.append(line)
+        if not lines:
             return None
-        lines, after, seq = held
-        self._remember(subject, after, seq + 1)
+        self._remember(subject, at, seq + 1)
         return b"".join(line + b"\n" for line in lines)
 
     def _fetch(self, subject: str, offset: int, count: int) -> tuple[bytes, int]:
@@ -529,8 +591,8 @@ class NatsStore:
                     if "error" in purged:
                         raise StoreError(f"NATS {self.url}: {purged['error']}")
                     self._seqs.pop(subject, None)
-                    if subject in self._feeds:
-                        self._feeds[subject].forget()
+                    with self._kept_lock:
+                        self._kept.pop(subject, None)
                     return self._offset(msg)
             position = self._seq(found[-1])
 
@@ -804,28 +866,7 @@ class NatsStore:
         self._kv_delete(f"cursor.{_key(key)}")
 
     def waiter(self, agents: list[str]) -> _Waiter:
-        self._looks = WATCH_AFTER  # a process that waits lives long: watch the bucket
         return _Waiter(self, [self._subject(key) for key in agents])
-
-    async def _watch(self, subjects: list[str], event: threading.Event) -> None:
-        for subject in subjects:
-            feed = self._feeds.get(subject)
-            if feed is None:
-                from ralph_mail.store.natspush import Feed
-
-                feed = Feed(self._link, self.stream, subject)
-                await feed.start()
-                self._feeds[subject] = feed
-            feed.events.add(event)
-
-    async def _unwatch(self, subjects: list[str], event: threading.Event) -> None:
-        for subject in subjects:
-            feed = self._feeds.get(subject)
-            if feed is not None:
-                feed.events.discard(event)
-                if not feed.events:
-                    del self._feeds[subject]
-                    await feed.stop()
 
     def create_log(self, key: str) -> None:
         name = f"log.{_key(key)}"

@@ -1,7 +1,7 @@
 """What nats-py carries for the NATS store (`ralph_mail.store.nats`): one asyncio
 connection per process and server, on a loop thread of its own, for what the server
-pushes (a waiter's `Feed` of lines, the bucket's `Keys`) and for the streams' and
-buckets' administration. The store's own round trips go over `natswire` instead.
+pushes (the bucket's `Keys`, watched) and for the creation and removal of teams. The
+store's own round trips, waits included, go over `natswire` instead.
 """
 
 from __future__ import annotations
@@ -18,10 +18,6 @@ from ralph_mail.errors import StoreError
 from ralph_mail.store.natswire import REQUEST_S
 
 _T = TypeVar("_T")
-
-#: Lines a feed keeps for reads at most, and bytes (see `Feed`).
-FEED_LINES: Final = 2000
-FEED_BYTES: Final = 1 << 20
 
 
 class Loop:
@@ -46,11 +42,11 @@ class Loop:
             """Connection trouble surfaces in the call that meets it, not as log noise."""
 
         async def reconnected() -> None:
-            for feed in list(self.feeds):  # a restarted server lost their consumers
-                self._restarts.add(restart := asyncio.ensure_future(feed.restart()))
+            for keys in list(self.pushed):  # a restarted server lost their consumers
+                self._restarts.add(restart := asyncio.ensure_future(keys.restart()))
                 restart.add_done_callback(self._restarts.discard)
 
-        self.feeds: set[Pushed] = set()  # the process's consumers on this connection
+        self.pushed: set[Keys] = set()  # the process's watches on this connection
         self._restarts: set[asyncio.Future[None]] = set()
         connecting = nats.connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.2,
                                   connect_timeout=5, error_cb=quiet,
@@ -93,38 +89,42 @@ class Loop:
         return result
 
 
-class Pushed:
-    """An ephemeral consumer of ours (memory, no acks) pushing to a subscription of
-    ours; started again after a reconnect (a restarted server forgot it)."""
+class Keys:
+    """The values of a bucket's watched keys (presence, claims, state, an inbox's
+    start), pushed by the server as they change: the last of each first, then every
+    change. Cursors and rates, written at every read and contact, are not watched. An
+    ephemeral consumer of ours (memory, no acks) pushing to a subscription of ours;
+    started again after a reconnect (a restarted server forgot it), which delivers the
+    last of each again."""
 
-    def __init__(self, link: Loop, stream: str) -> None:
-        self._link, self._stream = link, stream
-        self._last_seq = 0  # the last stream sequence delivered
+    WATCHED: Final = ("presence", "claim", "state", "base")
+
+    def __init__(self, link: Loop, bucket: str) -> None:
+        self._link, self._stream = link, f"KV_{bucket}"
+        self._prefix = f"$KV.{bucket}."
         self._sub: Any = None
         self._consumer = ""
+        self.values: dict[str, tuple[bytes, int] | None] = {}
+        self.ready = threading.Event()
 
-    def _config(self) -> Any:
-        """The consumer's filter and where it starts (`_last_seq`: restarted)."""
-        raise NotImplementedError
-
-    async def _take(self, msg: Any) -> None:
-        raise NotImplementedError
-
-    async def start(self) -> Any:
-        from nats.js.api import AckPolicy
+    async def start(self) -> None:
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
         deliver = self._link.nc.new_inbox()
         self._sub = await self._link.nc.subscribe(deliver, cb=self._take)  # first
-        config = self._config()
-        config.deliver_subject, config.ack_policy = deliver, AckPolicy.NONE
-        config.mem_storage, config.num_replicas, config.inactive_threshold = True, 1, 60.0
+        watched = [f"{self._prefix}{kind}.>" for kind in self.WATCHED]
+        config = ConsumerConfig(deliver_subject=deliver, filter_subjects=watched,
+                                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+                                ack_policy=AckPolicy.NONE, mem_storage=True, num_replicas=1,
+                                inactive_threshold=60.0)  # fmt: skip
         info = await self._link.js.add_consumer(self._stream, config=config)
         self._consumer = info.name
-        self._link.feeds.add(self)
-        return info
+        self._link.pushed.add(self)
+        if not info.num_pending:
+            self.ready.set()
 
     async def stop(self) -> None:
-        self._link.feeds.discard(self)
+        self._link.pushed.discard(self)
         sub, self._sub = self._sub, None
         if sub is not None:
             with contextlib.suppress(Exception):  # a server gone: its consumers went too
@@ -138,107 +138,13 @@ class Pushed:
             with contextlib.suppress(Exception):
                 await old.unsubscribe()
         for _ in range(100):
-            if self not in self._link.feeds:
+            if self not in self._link.pushed:
                 return
             try:
                 await self.start()
-                break
+                return
             except Exception:
                 await asyncio.sleep(0.2)
-        self.restarted()
-
-    def restarted(self) -> None:
-        """Called once started again."""
-
-
-class Feed(Pushed):
-    """The lines of one subject, pushed by the server as it stores them.
-
-    It wakes the waiters watching the subject, and keeps the last lines it was given (up
-    to `FEED_LINES` and `FEED_BYTES`) by offset, each with the offset of the next line:
-    a read from an offset it holds is served here, without a round trip. Each line kept
-    is a fact about the stream (what starts at that offset), so deliveries that repeat,
-    skip or restart (a reconnect) cannot make a read wrong, only send it to the server.
-    It is fed on the loop's thread and read on the caller's (a hop saved), under a lock.
-    """
-
-    def __init__(self, link: Loop, stream: str, subject: str) -> None:
-        super().__init__(link, stream)
-        self.subject = subject
-        self.events: set[threading.Event] = set()
-        self.lines: dict[int, tuple[bytes, int, int]] = {}  # offset -> line, seq, next
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def _config(self) -> Any:
-        from nats.js.api import ConsumerConfig, DeliverPolicy
-
-        if self._last_seq:  # from where the last one stopped
-            return ConsumerConfig(filter_subject=self.subject, opt_start_seq=self._last_seq + 1,
-                                  deliver_policy=DeliverPolicy.BY_START_SEQUENCE)  # fmt: skip
-        return ConsumerConfig(filter_subject=self.subject, deliver_policy=DeliverPolicy.NEW)
-
-    def restarted(self) -> None:
-        self.wake()  # to read what came meanwhile
-
-    async def _take(self, msg: Any) -> None:
-        data, offset = msg.data or b"", int(msg.headers["Ralph-Offset"])
-        seq = msg.metadata.sequence.stream
-        self._last_seq = max(self._last_seq, seq)
-        with self._lock:
-            if offset not in self.lines:
-                self.lines[offset] = (data, seq, offset + len(data) + 1)
-                self._bytes += len(data)
-                while len(self.lines) > FEED_LINES or self._bytes > FEED_BYTES:
-                    self._bytes -= len(self.lines.pop(next(iter(self.lines)))[0])
-        self.wake()
-
-    def wake(self) -> None:
-        for event in self.events:
-            event.set()
-
-    def read(self, offset: int, count: int) -> tuple[list[bytes], int, int] | None:
-        """The lines held from ``offset`` on (at most ``count``), the offset after them
-        and the stream sequence of the last; None when it holds no line there."""
-        lines: list[bytes] = []
-        at, seq = offset, 0
-        with self._lock:
-            while at in self.lines and len(lines) < count:
-                line, seq, at = self.lines[at]
-                lines.append(line)
-        return (lines, at, seq) if lines else None
-
-    def forget(self) -> None:
-        with self._lock:
-            self.lines.clear()
-            self._bytes = 0
-
-
-class Keys(Pushed):
-    """The values of the bucket's watched keys (presence, claims, state, an inbox's
-    start), pushed by the server as they change: the last of each first, then every
-    change. Cursors and rates, written at every read and contact, are not watched."""
-
-    WATCHED: Final = ("presence", "claim", "state", "base")
-
-    def __init__(self, link: Loop, bucket: str) -> None:
-        super().__init__(link, f"KV_{bucket}")
-        self._prefix = f"$KV.{bucket}."
-        self.values: dict[str, tuple[bytes, int] | None] = {}
-        self.ready = threading.Event()
-
-    def _config(self) -> Any:
-        from nats.js.api import ConsumerConfig, DeliverPolicy
-
-        watched = [f"{self._prefix}{kind}.>" for kind in self.WATCHED]
-        return ConsumerConfig(filter_subjects=watched,
-                              deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)  # fmt: skip
-
-    async def start(self) -> Any:
-        info = await super().start()
-        if not info.num_pending:
-            self.ready.set()
-        return info
 
     async def _take(self, msg: Any) -> None:
         key, meta = msg.subject[len(self._prefix) :], msg.metadata

@@ -3,10 +3,10 @@
 nats-py is asyncio only: a synchronous caller reaches it through a thread hop (its
 loop's thread), and that hop costs more than the round trip itself on a small machine
 (measured: a publish with its ack ~190 us in the loop, ~300 us through the hop). The
-store's requests (publishes with their acks, direct gets) go over this plain blocking
-socket instead, one per thread, in the NATS client protocol's few words (CONNECT, SUB,
-PUB/HPUB, MSG/HMSG, PING/PONG); nats-py keeps what is pushed (waiters' feeds, the
-bucket's watch) and the rarer JetStream administration.
+store's requests (publishes with their acks, direct gets, the API, a waiter's pulls)
+go over this plain blocking socket instead, one per thread, in the NATS client
+protocol's few words (CONNECT, SUB, PUB/HPUB, MSG/HMSG, PING/PONG); nats-py keeps the
+bucket's watch and the rarer JetStream administration.
 
 A request that cannot be sent (no server yet, a reconnect) is tried again until its
 deadline; one that was sent and met a broken connection is not (it may have been
@@ -38,6 +38,8 @@ class Reply:
 
     headers: dict[str, str] = field(default_factory=dict)
     data: bytes = b""
+    subject: str = ""  # its own subject: a stored message's, for one pulled from a stream
+    reply: str = ""  # a stored message's ``$JS.ACK...``: its stream sequence, and more
 
     @property
     def status(self) -> str | None:
@@ -150,16 +152,19 @@ class Wire:
         timeout: float = REQUEST_S,
         batch: bool = False,
         again: bool = False,
+        pull: bool = False,
     ) -> list[Reply]:
         """Publish ``payload`` to ``subject`` and return its answer: one message, or
         with ``batch`` every message up to the one carrying a status (a batched direct
         get's end). Raises `WireError` when the connection broke after it was sent
         (``again``: a read, sent again over a new one), and `TimeoutError` when no
-        answer came in time."""
+        answer came in time. ``pull``: a consumer's next message, which comes under its
+        own subject (a late one, of a pull given up on, is as good: every message pulled
+        is a stored line)."""
         deadline = time.monotonic() + timeout
         while True:
             try:
-                return self._request(subject, payload, headers, deadline, batch)
+                return self._request(subject, payload, headers, deadline, batch, pull)
             except Unreachable:
                 raise  # (connecting tried again until the deadline already)
             except WireError:
@@ -173,6 +178,7 @@ class Wire:
         headers: dict[str, str] | None,
         deadline: float,
         batch: bool,
+        pull: bool = False,
     ) -> list[Reply]:
         self._asked += 1
         reply = f"{self._inbox}.{self._asked}".encode()
@@ -198,7 +204,7 @@ class Wire:
         found: list[Reply] = []
         try:
             while True:
-                answer = self._next(reply, deadline)
+                answer = self._next(reply, deadline, pull)
                 if not batch:
                     return [answer]
                 if answer.status is not None:
@@ -212,7 +218,7 @@ class Wire:
             self.close()
             raise WireError(f"lost the connection to {self.url} ({exc})") from None
 
-    def _next(self, reply: bytes, deadline: float) -> Reply:
+    def _next(self, reply: bytes, deadline: float, pull: bool = False) -> Reply:
         """The next message sent to ``reply`` (others, late answers, are dropped)."""
         while True:
             line = self._line(deadline)
@@ -221,9 +227,12 @@ class Wire:
                 total = int(words[-1])
                 body = self._read(total + 2, deadline)[:total]
                 head = int(words[-2]) if words[0] == b"HMSG" else 0
-                if words[1] != reply:
+                sizes = 2 if words[0] == b"HMSG" else 1  # MSG subject sid [reply] sizes
+                acked = words[3] if len(words) == 4 + sizes else b""
+                if words[1] != reply and not (pull and acked.startswith(b"$JS.ACK.")):
                     continue
-                return Reply(_headers(body[:head]) if head else {}, body[head:])
+                return Reply(_headers(body[:head]) if head else {}, body[head:],
+                             words[1].decode(), acked.decode())  # fmt: skip
             if line == b"PING":
                 self._send(b"PONG" + _CRLF)
             elif line.startswith(b"-ERR"):
