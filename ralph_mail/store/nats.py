@@ -174,6 +174,7 @@ class NatsStore:
         self.stream = f"RALPH_{_hex(team)}"
         self._prefix = f"ralph.{_hex(team)}"
         self._looks = 0  # keys looked up before the bucket's watch started (see _watched)
+        self._watching = False
         self._tails: dict[str, tuple[int, int, int, str]] = {}  # subject -> seq, end, n, ts
         self._seqs: dict[str, dict[int, int]] = {}  # subject -> offset -> stream seq
         self._claims: dict[str, int] = {}  # agent -> revision of my claim
@@ -921,21 +922,28 @@ class NatsStore:
         """``key``'s value and revision as a watch of the bucket has them (`Keys`): the
         server pushes every change, so presence, claims, state versions and an inbox's
         start cost no round trip (a change reaches this process within the server's
-        delivery time). The watch starts at the `WATCH_AFTER`-th look, or with the first
-        waiter; before, each look asks the server."""
+        delivery time). A short life (a command) never needs it: the watch is started
+        at the `WATCH_AFTER`-th look, on a thread of its own (nats-py to import, a
+        connection to make), and until it is ready each look asks the server."""
         if self._cache is None:
             self._looks += 1
-            if self._looks <= WATCH_AFTER:  # a short life (a command): asked, exactly
-                raw, revision = self._kv_entry(key)
-                return None if raw is None else (raw, revision)
-            from ralph_mail.store.natspush import Keys
+            if self._looks >= WATCH_AFTER and not self._watching:
+                self._watching = True
+                threading.Thread(target=self._watch, name="ralph-nats-watch", daemon=True).start()
+            raw, revision = self._kv_entry(key)
+            return None if raw is None else (raw, revision)
+        return self._cache.get(key)
 
+    def _watch(self) -> None:
+        from ralph_mail.store.natspush import Keys
+
+        with contextlib.suppress(StoreError):  # else looks go on asking the server
             keys = Keys(self._link, self.stream)
             self._run(keys.start())
-            if not keys.ready.wait(REQUEST_S):
-                raise StoreError(f"NATS {self.url}: no answer to a watch of the team's bucket")
-            self._keys, self._cache = keys, keys.values
-        return self._cache.get(key)
+            if keys.ready.wait(REQUEST_S) and not self._closed.is_set():
+                self._keys, self._cache = keys, keys.values
+            else:
+                self._run(keys.stop())
 
     def state_where(self, key: str) -> str:
         return f"{self.url} bucket {self.stream} key state.{_key(key)}"
