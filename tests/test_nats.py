@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import BOUND_S, Processes, cli_env, fresh_nats, start_nats
 
 from ralph_mail import MessageBus, create_team
@@ -293,3 +294,20 @@ def test_a_waiter_whose_consumer_the_server_forgot_makes_it_again(home: Path) ->
         waiter.close()
         lead.close()
         store.close()
+
+
+def test_a_message_over_the_servers_max_payload_is_one_clear_error(home: Path) -> None:
+    """The bus takes lines up to 1 MiB and a NATS server's max_payload is 1 MiB with the
+    headers: the few lines in between are refused, named, and nothing is stored."""
+    from ralph_mail.errors import StoreError
+
+    url = fresh_nats()
+    create_team("demo", ["lead", "w"], home=home, backend=url)
+    lead = MessageBus("demo", "lead", home, backend=url)
+    try:
+        with pytest.raises(StoreError, match=r"max_payload .*: send less, or raise max_payload"):
+            lead.send("w", "text", "x" * (1024 * 1024 - 200))
+        lead.send("w", "text", "small")
+        assert [m.content for m in MessageBus("demo", "w", home, backend=url).poll()] == ["small"]
+    finally:
+        lead.close()

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ralph_mail.store.natswire import Wire, WireError, _headers
+from ralph_mail.store.natswire import TooBig, Wire, WireError, _headers
 
 
 class Scripted:
@@ -33,7 +33,8 @@ class Scripted:
                 return
             held: tuple[bytes, bytes] | None = None
             with conn, conn.makefile("rb") as lines:
-                conn.sendall(b'INFO {"server_id":"scripted","headers":true}\r\n')
+                conn.sendall(b'INFO {"server_id":"scripted","headers":true,'
+                             b'"max_payload":1000}\r\n')  # fmt: skip
                 for line in lines:
                     if line.startswith(b"PING"):
                         conn.sendall(b"PONG\r\n")
@@ -110,6 +111,20 @@ def test_a_timed_out_request_leaves_the_connection_to_the_next(
     with pytest.raises(TimeoutError):
         wire.request("x", b"slow", timeout=0.3)
     assert wire.request("x", b"next")[0].data == b"next"
+    wire.close()
+
+
+def test_a_message_over_the_servers_max_payload_is_refused_unsent(
+    scripted: type[Scripted],
+) -> None:
+    """The server would close the connection on it: it is refused here, and the
+    connection serves the next request."""
+    server = scripted(["answer"])
+    wire = Wire(f"nats://127.0.0.1:{server.port}")
+    with pytest.raises(TooBig, match="over the server's max_payload"):
+        wire.request("x", b"y" * 990, {"Ralph-N": "1"})
+    assert wire.request("x", b"small")[0].data == b"small"
+    assert server.published == [b"small"]
     wire.close()
 
 

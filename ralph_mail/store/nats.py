@@ -55,7 +55,7 @@ import orjson
 from ralph_mail.errors import InboxBusy, StoreError
 from ralph_mail.message import check_name, format_ts
 from ralph_mail.store.base import Compaction, Cursor
-from ralph_mail.store.natswire import REQUEST_S, Reply, Wire, WireError
+from ralph_mail.store.natswire import REQUEST_S, Reply, TooBig, Wire, WireError
 
 if TYPE_CHECKING:  # natspush (nats-py, asyncio) is imported when first needed
     from ralph_mail.store.natspush import Keys, Loop
@@ -223,6 +223,9 @@ class NatsStore:
             wire = Wire.for_thread(self.url)
             return wire.request(subject, payload, headers, batch=batch, again=read,
                                 timeout=timeout, pull=pull)  # fmt: skip
+        except TooBig as exc:
+            raise StoreError(f"NATS {self.url}: {exc}: send less, or raise max_payload in "
+                             "the server's configuration") from None  # fmt: skip
         except WireError as exc:
             raise StoreError(str(exc) if "start it" in str(exc) else f"NATS {self.url}: {exc}"
                              ) from None  # fmt: skip

@@ -54,6 +54,11 @@ class Unreachable(WireError):
     """No server answered at the URL (in time)."""
 
 
+class TooBig(WireError):
+    """A message over the server's ``max_payload``: refused before it is sent (the
+    server would close the connection on it)."""
+
+
 class Wire:
     """One blocking connection to a NATS server (not thread safe: see `for_thread`)."""
 
@@ -66,6 +71,7 @@ class Wire:
         self._buf = b""
         self._asked = 0
         self._inbox = f"_INBOX.{os.urandom(8).hex()}"
+        self.max_payload = 1 << 20  # what the server says when it is reached
 
     @classmethod
     def for_thread(cls, url: str) -> Wire:
@@ -102,6 +108,7 @@ class Wire:
         if not line.startswith(b"INFO "):
             raise WireError(f"{host}:{port} is not a NATS server")
         info = json.loads(line[5:])
+        self.max_payload = int(info.get("max_payload", self.max_payload))
         if where.scheme == "tls" or info.get("tls_required"):
             context = ssl.create_default_context()
             self._sock = sock = context.wrap_socket(sock, server_hostname=host)
@@ -185,16 +192,25 @@ class Wire:
         if headers:
             block = b"NATS/1.0\r\n" + b"".join(f"{k}: {v}\r\n".encode() for k, v in headers.items())
             block += _CRLF
-            sizes = b"%d %d" % (len(block), len(block) + len(payload))
+            body = len(block) + len(payload)
+            sizes = b"%d %d" % (len(block), body)
             frame = b"HPUB %s %s %s\r\n%s%s\r\n" % (subject.encode(), reply, sizes, block, payload)
         else:
-            frame = b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), reply, len(payload), payload)
+            body = len(payload)
+            frame = b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), reply, body, payload)
         for attempt in range(2):
             if self._sock is not None and not self._alive():
                 self.close()  # the server went away while this was idle
             if self._sock is None:
                 self._connect(deadline)
+            if body > self.max_payload:
+                raise TooBig(
+                    f"a message of {body:,} bytes with its headers is over the "
+                    f"server's max_payload ({self.max_payload:,} bytes)"
+                )
             try:
+                assert self._sock is not None
+                self._sock.settimeout(max(0.1, deadline - time.monotonic()))  # (a big frame)
                 self._send(frame)
                 break
             except OSError:
