@@ -55,7 +55,14 @@ import orjson
 from ralph_mail.errors import InboxBusy, StoreError
 from ralph_mail.message import check_name, format_ts
 from ralph_mail.store.base import Compaction, Cursor
-from ralph_mail.store.natswire import REQUEST_S, Reply, TooBig, Wire, WireError
+from ralph_mail.store.natswire import (
+    REQUEST_S,
+    NeverReached,
+    Reply,
+    TooBig,
+    Wire,
+    WireError,
+)
 
 if TYPE_CHECKING:  # natspush (nats-py, asyncio) is imported when first needed
     from ralph_mail.store.natspush import Keys, Loop
@@ -226,9 +233,10 @@ class NatsStore:
         except TooBig as exc:
             raise StoreError(f"NATS {self.url}: {exc}: send less, or raise max_payload in "
                              "the server's configuration") from None  # fmt: skip
+        except NeverReached as exc:
+            raise StoreError(str(exc)) from None  # (it names the server and the fix)
         except WireError as exc:
-            raise StoreError(str(exc) if "start it" in str(exc) else f"NATS {self.url}: {exc}"
-                             ) from None  # fmt: skip
+            raise StoreError(f"NATS {self.url}: {exc}") from None
         except TimeoutError as exc:
             raise StoreError(f"NATS {self.url}: {exc}") from None
 
@@ -396,17 +404,8 @@ class NatsStore:
     def _kv_send(
         self, key: str, value: bytes, headers: dict[str, str], timeout: float
     ) -> int | None:
-        answer = self._ask(f"$KV.{self.stream}.{key}", value, headers or None, timeout=timeout)[0]
-        if answer.status is not None:  # 503: no bucket takes it
-            self._missing(answer)
-            raise FileNotFoundError(f"no team {self.team!r} at {self.url}")
-        ack: dict[str, Any] = orjson.loads(answer.data)
-        error = ack.get("error")
-        if error is None:
-            return int(ack["seq"])
-        if error.get("err_code") == 10071:  # wrong last sequence
-            return None
-        raise StoreError(f"NATS {self.url}: {error.get('description', error)}")
+        ack = self._acked(f"$KV.{self.stream}.{key}", value, headers or None, timeout)
+        return None if ack is None else int(ack["seq"])
 
     def _kv_put(self, key: str, value: bytes) -> None:
         revision = self._kv_write(key, value)
@@ -463,9 +462,10 @@ class NatsStore:
                     known = None
                     continue
                 if ack.get("duplicate"):  # a retry of a send that was stored: where it is
-                    stored = self._ask(f"$JS.API.DIRECT.GET.{self.stream}",
-                                       orjson.dumps({"seq": ack["seq"]}))[0]  # fmt: skip
+                    stored = self._get(subject, ack["seq"])
                     self._tails.pop(subject, None)
+                    if stored is None:  # purged since
+                        raise StoreError(f"{subject}: message {msg_id} was stored, then purged")
                     return _ts_of(stored.data), self._offset(stored)
                 self._tails[subject] = (ack["seq"], end + len(line) + 1, n + 1, ts or last)
                 self._remember(subject, end, ack["seq"])
@@ -473,11 +473,16 @@ class NatsStore:
         raise StoreError(f"{subject}: {APPEND_TRIES} writers in a row got there first")
 
     def _acked(
-        self, subject: str, payload: bytes, headers: dict[str, str] | None = None
+        self,
+        subject: str,
+        payload: bytes,
+        headers: dict[str, str] | None = None,
+        timeout: float = REQUEST_S,
     ) -> dict[str, Any] | None:
-        """Publish to the stream and return its ack; None when an expected last
-        sequence was not the last (another writer got there first)."""
-        answer = self._ask(subject, payload, headers)[0]
+        """Publish to a stream (the team's, or its bucket's) and return its ack; None
+        when an expected last sequence was not the last (another writer got there
+        first)."""
+        answer = self._ask(subject, payload, headers, timeout=timeout)[0]
         if answer.status is not None:  # 503: no stream takes that subject
             self._missing(answer)
             raise FileNotFoundError(f"no team {self.team!r} at {self.url}")
@@ -614,7 +619,6 @@ class NatsStore:
 
     def _logs(self) -> list[str]:
         """Every inbox and channel of the team that holds a line (a former member's too)."""
-
         found = []
         for kind, mark in (("in", ""), ("ch", "#")):  # (not the indexes: one a thread)
             wanted = {"subjects_filter": f"{self._prefix}.{kind}.>"}
@@ -671,10 +675,7 @@ class NatsStore:
 
     def index_tail(self, key: str, count: int) -> list[tuple[str, int, int]]:
         self._flush("index")
-        subject = self._subject(f"ix:{key}")
-
-        messages = self._index_tail(subject, count)
-        lines = [msg.data for msg in messages]
+        lines = [msg.data for msg in self._index_tail(self._subject(f"ix:{key}"), count)]
         entries = [entry for line in lines for entry in line.split(b"\n")][-count:] if count else []
         return [(str(a), int(o), int(n)) for a, o, n in map(orjson.loads, entries)]
 
@@ -725,8 +726,7 @@ class NatsStore:
         # In the background, in order: a crash before it is stored leaves the old cursor
         # (what was consumed since comes again: at least once); close and every cursor
         # load of this process wait for it.
-        self._later("cursor", self._acked, f"$KV.{self.stream}.cursor.{_key(agent)}",
-                    orjson.dumps(record))  # fmt: skip
+        self._later("cursor", self._kv_write, f"cursor.{_key(agent)}", orjson.dumps(record))
 
     def _later(self, kind: str, write: Callable[..., Any], *args: Any) -> None:
         """Make ``write(*args)`` on the process's background thread, after the writes
@@ -837,7 +837,6 @@ class NatsStore:
 
     def _ordinal(self, subject: str, offset: int) -> int:
         """How many lines of ``subject`` come before ``offset``."""
-
         at = self._seq_at(subject, offset)
         found = self._get(subject, at[0]) if at is not None else None
         if found is None:  # at the end: every line comes before it
@@ -1002,7 +1001,7 @@ class _Background:
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._queue.put((future, lambda: write(*args)))
         with self._lock:
-            if self._thread is None or not self._thread.is_alive():  # (or forked)
+            if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="ralph-nats-write",
                                                 daemon=True)  # fmt: skip
                 self._thread.start()

@@ -54,6 +54,11 @@ class Unreachable(WireError):
     """No server answered at the URL (in time)."""
 
 
+class NeverReached(Unreachable):
+    """No server at the URL, and this process never reached one there: said at once,
+    with the fix."""
+
+
 class TooBig(WireError):
     """A message over the server's ``max_payload``: refused before it is sent (the
     server would close the connection on it)."""
@@ -84,7 +89,7 @@ class Wire:
 
     # -- connecting -------------------------------------------------------------------
 
-    def _connect(self, deadline: float) -> socket.socket:
+    def _connect(self, deadline: float) -> None:
         """Connect, and try again until ``deadline`` when this process reached the
         server before (it is restarting); at once, the first time (nothing there)."""
         where = urlsplit(self.url)
@@ -95,7 +100,7 @@ class Wire:
                 break
             except OSError as exc:
                 if (os.getpid(), self.url) not in Wire._reached:
-                    raise Unreachable(
+                    raise NeverReached(
                         f"cannot reach the NATS server at {self.url} ({exc}): start it "
                         "(nats-server -js) or check RALPH_BACKEND"
                     ) from None
@@ -111,7 +116,7 @@ class Wire:
         self.max_payload = int(info.get("max_payload", self.max_payload))
         if where.scheme == "tls" or info.get("tls_required"):
             context = ssl.create_default_context()
-            self._sock = sock = context.wrap_socket(sock, server_hostname=host)
+            self._sock = context.wrap_socket(sock, server_hostname=host)
         options: dict[str, object] = {"verbose": False, "pedantic": False, "headers": True,
                                       "no_responders": True, "protocol": 1,
                                       "lang": "python-ralph", "version": "1"}  # fmt: skip
@@ -125,7 +130,7 @@ class Wire:
             line = self._line(deadline)
             if line == b"PONG":
                 Wire._reached.add((os.getpid(), self.url))
-                return sock
+                return
             if line.startswith(b"-ERR"):
                 raise WireError(f"{host}:{port} refused the connection: {line[5:].decode()}")
 
