@@ -43,7 +43,7 @@ def _buried(rm: ModuleType, ws: Workspace, others: int) -> tuple[Path, object]:
 def _tree_log(rm: ModuleType, home: Path, tasks_n: int, events_n: int) -> None:
     """Write a task log of ``tasks_n`` tasks (a tenth of them parents) and ``events_n``
     events: each task created, reported active again and again, completed, notified."""
-    from ralph_mail import tasks
+    from ralph_mail.talk import tasks
 
     rm.create_team("tree", ["lead", *(f"w{n}" for n in range(10))], home=home)
     team = rm.load_team("tree", home)

@@ -87,7 +87,7 @@ def ralph_send(ws: Workspace, n: int, durable: bool, governed: bool = False) -> 
     rm.create_team("bench", ["sender", "reader"], home=home)
     bus = rm.MessageBus("bench", "sender", home=home, durable=durable)
     if governed:
-        from ralph_mail.policy import Policy, Rule
+        from ralph_mail.govern.policy import Policy, Rule
 
         rules = tuple(Rule(f"a{i}", f"b{i}", "deny" if i % 2 else "allow")
                       for i in range(POLICY_RULES))  # fmt: skip

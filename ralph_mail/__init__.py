@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         TeamNotFound,
         UnknownAgent,
     )
+    from ralph_mail.govern.presence import AgentInfo
     from ralph_mail.message import Message, MessageType
     from ralph_mail.orchestrator import (
         AgentProgress,
@@ -42,8 +43,7 @@ if TYPE_CHECKING:
         ShutdownReport,
         TeamOrchestrator,
     )
-    from ralph_mail.presence import AgentInfo
-    from ralph_mail.tasks import Task
+    from ralph_mail.talk.tasks import Task
     from ralph_mail.team import Member, Team, create_team, delete_team, list_teams, load_team
 
 # Every name is imported on first use (PEP 562): `import ralph_mail.cli` then costs
@@ -70,7 +70,7 @@ _ERRORS = [
 ]
 _LAZY = {
     **dict.fromkeys(_ERRORS, "ralph_mail.errors"),
-    "AgentInfo": "ralph_mail.presence",
+    "AgentInfo": "ralph_mail.govern.presence",
     "Assignment": "ralph_mail.agent",
     "AgentProgress": "ralph_mail.orchestrator",
     "Event": "ralph_mail.orchestrator",
@@ -82,7 +82,7 @@ _LAZY = {
     "Plan": "ralph_mail.orchestrator",
     "PlanDecision": "ralph_mail.agent",
     "ShutdownReport": "ralph_mail.orchestrator",
-    "Task": "ralph_mail.tasks",
+    "Task": "ralph_mail.talk.tasks",
     "Team": "ralph_mail.team",
     "TeamAgent": "ralph_mail.agent",
     "TeamOrchestrator": "ralph_mail.orchestrator",

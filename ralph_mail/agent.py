@@ -32,12 +32,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
-from ralph_mail import protocol
+from ralph_mail import protocols
 from ralph_mail.bus import MessageBus
 from ralph_mail.errors import ProtocolError
 from ralph_mail.message import Message, MessageType
 from ralph_mail.settings import HANDLED_IDS_KEPT
-from ralph_mail.store.watch import StopEvent
+from ralph_mail.store.base import StopEvent
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +202,7 @@ class TeamAgent:
         while len(self._seen) > HANDLED_IDS_KEPT:
             del self._seen[next(iter(self._seen))]
         if message.type == MessageType.TASK_ASSIGNMENT:
-            task_id = message.metadata.get(protocol.TASK_ID) or message.id
+            task_id = message.metadata.get(protocols.TASK_ID) or message.id
             task = Assignment(task_id, message.content, message)
             if self.task is None:
                 self.task = task
@@ -243,7 +243,7 @@ class TeamAgent:
 
     def start_task(self, task_id: str, description: str = "") -> Assignment:
         """Take a task the lead did not assign (it goes to the backlog if one is in hand)."""
-        task = Assignment(protocol.check_task_id(task_id), description)
+        task = Assignment(protocols.check_task_id(task_id), description)
         if self.task is None:
             self.task = task
         else:
@@ -265,7 +265,7 @@ class TeamAgent:
         """
         if task is None and self.task is not None:
             task = self.task.id
-        metadata = protocol.status_metadata(state or self.state, task, progress)
+        metadata = protocols.status_metadata(state or self.state, task, progress)
         return self.bus.send(self.lead, MessageType.STATUS_UPDATE, text, metadata)
 
     def finish_task(self, text: str = "done", *, state: str = "done") -> Message:
@@ -316,7 +316,7 @@ class TeamAgent:
         """
         if task is None and self.task is not None:
             task = self.task.id
-        metadata = {protocol.TASK: protocol.check_task_id(task)} if task else {}
+        metadata = {protocols.TASK: protocols.check_task_id(task)} if task else {}
         submission = self.bus.send(self.lead, MessageType.PLAN_SUBMISSION, plan, metadata)
         deadline = None if wait is None else time.monotonic() + wait
         while True:
@@ -354,9 +354,9 @@ class TeamAgent:
         request = self._last_request
         if request is None:
             return None
-        metadata = {protocol.ACCEPTED: "true" if accepted else "false"}
+        metadata = {protocols.ACCEPTED: "true" if accepted else "false"}
         if deferred:
-            metadata[protocol.DEFERRED] = "true"
+            metadata[protocols.DEFERRED] = "true"
         self.shutdown_request = None
         return self.bus.send(
             request.from_agent,
@@ -389,7 +389,7 @@ class TeamAgent:
 
 def _decision(submission: Message, answer: Message) -> PlanDecision:
     try:
-        approved, feedback = protocol.parse_plan_approval(answer)
+        approved, feedback = protocols.parse_plan_approval(answer)
     except ProtocolError as exc:
         # A lead that cannot say yes clearly has not said yes.
         return PlanDecision(False, f"malformed approval: {exc}", submission, answer)

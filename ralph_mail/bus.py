@@ -34,6 +34,7 @@ from ralph_mail.errors import (
     RateLimited,
     UnknownAgent,
 )
+from ralph_mail.govern.policy import Decision, Policy
 from ralph_mail.message import (
     BROADCAST_ADDRESS,
     TS_PLACEHOLDER,
@@ -52,7 +53,6 @@ from ralph_mail.message import (
     from_envelope,
     new_id,
 )
-from ralph_mail.policy import Decision, Policy
 from ralph_mail.settings import WATCH_SAFETY_POLL_S
 from ralph_mail.store.base import Cursor, TeamStore, Waiter
 from ralph_mail.team import Member, Team, load_team, parse_roster
@@ -60,11 +60,11 @@ from ralph_mail.team import Member, Team, load_team, parse_roster
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from ralph_mail.approvals import Held
-    from ralph_mail.channels import Channels
-    from ralph_mail.presence import AgentInfo
-    from ralph_mail.store.watch import StopEvent
-    from ralph_mail.tasks import Task
+    from ralph_mail.govern.approvals import Held
+    from ralph_mail.govern.presence import AgentInfo
+    from ralph_mail.store.base import StopEvent
+    from ralph_mail.talk.channels import Channels
+    from ralph_mail.talk.tasks import Task
 
 _T = TypeVar("_T")
 
@@ -138,7 +138,7 @@ class MessageBus:
         self._rate_key = f"rate.{self.agent}"
         self._channels: Channels | None = None
         if default_rate is not None:
-            from ralph_mail.policy import check_rate
+            from ralph_mail.govern.policy import check_rate
 
             check_rate(default_rate)
         self.default_rate = default_rate
@@ -267,7 +267,7 @@ class MessageBus:
         return cached
 
     def _read_policy(self) -> Policy | str:
-        from ralph_mail import policy
+        from ralph_mail.govern import policy
 
         where = self._store.state_where(_POLICY_KEY)
         try:
@@ -320,7 +320,7 @@ class MessageBus:
 
     def _hold(self, envelope: dict[str, object], reason: str) -> Message:
         """Keep a message for approval, and ask my approver (my manager, else the lead)."""
-        from ralph_mail import approvals
+        from ralph_mail.govern import approvals
 
         approver = self._me().manager or self._team.lead
         record = approvals.held(envelope, approver, reason, format_ts(time.time_ns() // 1000))
@@ -335,7 +335,7 @@ class MessageBus:
 
     def approvals(self) -> list[Held]:
         """The messages held for my approval and not decided yet, oldest first."""
-        from ralph_mail import approvals
+        from ralph_mail.govern import approvals
 
         return [h for h in approvals.fold(self._store.log_read(approvals.LOG)).values()
                 if h.approver == self.agent and h.decision is None]  # fmt: skip
@@ -343,7 +343,7 @@ class MessageBus:
     def approval_of(self, message_id: str) -> Held | None:
         """What became of a message held for approval (`Held.decision` None: waiting),
         or None when it was never held."""
-        from ralph_mail import approvals
+        from ralph_mail.govern import approvals
 
         found = approvals.fold(self._store.log_read(approvals.LOG))
         return found.get(check_id(message_id, "message id"))
@@ -359,7 +359,7 @@ class MessageBus:
         return self._decide(message_id, False, reason)
 
     def _decide(self, message_id: str, approved: bool, reason: str) -> Held:
-        from ralph_mail import approvals
+        from ralph_mail.govern import approvals
 
         if not isinstance(reason, str):
             raise InvalidMessage(f"reason must be a string, not {reason.__class__.__name__}")
@@ -502,7 +502,7 @@ class MessageBus:
         Example:
             >>> [m.content for m in bus.search("revenue", from_agent="analyst")]  # doctest: +SKIP
         """
-        from ralph_mail.store.search import Query
+        from ralph_mail.store.base import Query
 
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidMessage(f"invalid limit {limit!r}: give a count >= 1")
@@ -558,7 +558,7 @@ class MessageBus:
         Example:
             >>> bus.set_presence("sleeping", until="+15m")  # doctest: +SKIP
         """
-        from ralph_mail import presence
+        from ralph_mail.govern import presence
 
         stamp = presence.parse_until(until)
         if presence.check_state(state) == "sleeping" and not stamp:
@@ -574,7 +574,7 @@ class MessageBus:
             >>> [(a.name, a.presence) for a in bus.agents()]  # doctest: +SKIP
             [('lead', 'idle'), ('writer', 'offline')]
         """
-        from ralph_mail import presence
+        from ralph_mail.govern import presence
 
         return presence.agents(self.refresh_team(), self.agent, include_self)
 
@@ -584,7 +584,7 @@ class MessageBus:
     def channels(self) -> Channels:
         """My channels: create, join, leave, pass a turn, where a mention stands."""
         if self._channels is None:
-            from ralph_mail.channels import Channels
+            from ralph_mail.talk.channels import Channels
 
             self._channels = Channels(self)
         return self._channels
@@ -657,13 +657,14 @@ class MessageBus:
         """Record (unless known) and send a task; ``strict=False`` (the lead's assign)
         lets an existing id be given out again with other words, as a new assignment.
         With ``hold`` (a ts), the assignment is held for the assignee until then."""
-        from ralph_mail import protocol, tasks
+        from ralph_mail import protocols
+        from ralph_mail.talk import tasks
 
-        task_id = protocol.check_task_id(id) if id is not None else f"t-{new_id()[:8]}"
+        task_id = protocols.check_task_id(id) if id is not None else f"t-{new_id()[:8]}"
         if priority is not None:
             check_priority(priority)
         if parent is not None:
-            protocol.check_task_id(parent)
+            protocols.check_task_id(parent)
         known, _ = tasks.load(self._store)
         task = known.get(task_id)
         if task is not None and (task.assignee, task.description) != (assignee, description):
@@ -678,7 +679,7 @@ class MessageBus:
                               priority or "normal", "pending", "", now, now, new_id(),
                               held_until=hold)  # fmt: skip
             self._store.log_append(tasks.LOG, tasks.created(task))
-        metadata = {protocol.TASK_ID: task_id}
+        metadata = {protocols.TASK_ID: task_id}
         if task.parent:
             metadata["parent"] = task.parent
         if context is not None:
@@ -704,7 +705,7 @@ class MessageBus:
         """Deliver to my inbox the assignments held while I slept whose hold is over (or
         all, once I am not sleeping). Only the process consuming my inbox runs this, so
         no two release one; run again after a crash, it delivers what is not there yet."""
-        from ralph_mail import presence
+        from ralph_mail.govern import presence
 
         log = self._store.log_read(f"{_HELD}{self.agent}")
         if not log:
@@ -753,17 +754,18 @@ class MessageBus:
 
     def tasks(self) -> list[Task]:
         """The team's tasks, parents first, each followed by its subtasks."""
-        from ralph_mail import tasks
+        from ralph_mail.talk import tasks
 
         return tasks.ordered(tasks.load(self._store)[0])
 
     def _finish(self, task_id: str, status: str, result: str) -> Task:
-        from ralph_mail import protocol, tasks
+        from ralph_mail import protocols
+        from ralph_mail.talk import tasks
 
         if not isinstance(result, str):
             raise InvalidMessage(f"result must be a string, not {result.__class__.__name__}")
         known, since = tasks.load(self._store)
-        task = known.get(protocol.check_task_id(task_id))
+        task = known.get(protocols.check_task_id(task_id))
         if task is None:
             raise MailError(
                 f"no task {task_id!r} in team {self._team.name!r}: see 'ralph-mail tasks'"
@@ -789,10 +791,10 @@ class MessageBus:
             )
             task = tasks.load(self._store)[0][task_id]
         if not task.notified:
-            result_id = protocol.derived_id(task.assignment, "result")
+            result_id = protocols.derived_id(task.assignment, "result")
             if not self._delivered(task.delegated_by, result_id, since.get(task_id, 0)):
                 self._send(task.delegated_by, MessageType.TASK_RESULT, task.result,
-                           {protocol.TASK_ID: task_id, "status": task.status},
+                           {protocols.TASK_ID: task_id, "status": task.status},
                            task.assignment, result_id, task.assignment)  # fmt: skip
             self._store.log_append(tasks.LOG, tasks.notified(task_id))
             task = tasks.load(self._store)[0][task_id]
@@ -973,7 +975,7 @@ class MessageBus:
     def _require_online(self, agent: str) -> str:
         """`AgentOffline` unless ``agent`` is online or sleeping (a request wakes it);
         return the ``until`` of its sleep, or ""."""
-        from ralph_mail import presence
+        from ralph_mail.govern import presence
 
         state, last_seen, until = presence.presence_of(self._team, agent)
         if state == "offline":
@@ -1449,7 +1451,7 @@ class MessageBus:
         return f"MessageBus(team={team!r}, agent={self.agent!r}, home={home!r})"
 
 
-#: How often one bus notes its agent as active (s); see ralph_mail.presence.
+#: How often one bus notes its agent as active (s); see ralph_mail.govern.presence.
 _TOUCH_EVERY_S = 1.0
 _POLICY_KEY = "policy"
 _NO_POLICY = Policy()  # no policy saved: everything is allowed

@@ -33,12 +33,12 @@ from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, RichLog, Static
 
-from ralph_mail import presence, settings
-from ralph_mail.channels import listed
+from ralph_mail import settings
 from ralph_mail.errors import MailError
+from ralph_mail.govern import presence
 from ralph_mail.message import Message, decode_lines
-from ralph_mail.store.base import TeamStore
-from ralph_mail.store.search import Query
+from ralph_mail.store.base import Query, TeamStore
+from ralph_mail.talk.channels import listed
 from ralph_mail.team import Team, load_team, parse_roster
 
 #: Messages the conversation pane shows at most.
@@ -239,7 +239,7 @@ class Dashboard(App[None]):
         self._show(self.query_one("#roster", DataTable), rows)
 
     def _refresh_tasks(self) -> None:
-        from ralph_mail import tasks
+        from ralph_mail.talk import tasks
 
         found, _ = tasks.load(self.store)
         rows: dict[str, tuple[str | Text, ...]] = {}

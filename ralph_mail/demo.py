@@ -34,7 +34,7 @@ from ralph_mail.settings import DEMO_TIMEOUT_S
 
 if TYPE_CHECKING:
     from ralph_mail.agent import TeamAgent
-    from ralph_mail.tasks import Task
+    from ralph_mail.talk.tasks import Task
 
 WORKERS: Final = (
     ("worker-1", "parses logs", "T-1", "parse the web server logs"),
@@ -162,7 +162,7 @@ def run_demo(home: str | os.PathLike[str] | None = None, delay: float = 0.6) -> 
 
 
 def _tree(home: Path, team: str) -> str:
-    from ralph_mail.tasks import draw, load
+    from ralph_mail.talk.tasks import draw, load
     from ralph_mail.team import load_team
 
     return draw(load(load_team(team, home).store)[0])

@@ -22,8 +22,9 @@ from pathlib import Path
 
 from ralph_mail import settings
 from ralph_mail.errors import MailError
-from ralph_mail.store import Compaction, FileStore
-from ralph_mail.store.doctor import Finding, check_home, check_leftovers, check_team
+from ralph_mail.store import Compaction
+from ralph_mail.store.files import FileStore
+from ralph_mail.store.files.doctor import Finding, check_home, check_leftovers, check_team
 from ralph_mail.team import list_teams, load_team
 
 __all__ = ["Collection", "Finding", "Report", "collect", "doctor"]
@@ -95,7 +96,7 @@ def collect(
         >>> collect("demo", home="/tmp/mail").removed        # doctest: +SKIP
         5120
     """
-    from ralph_mail.channels import listed
+    from ralph_mail.talk.channels import listed
 
     roster = load_team(team, home)
     store = roster.store

@@ -27,7 +27,7 @@ import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, TextContent
 
-from ralph_mail import protocol
+from ralph_mail import protocols
 from ralph_mail.bus import MessageBus
 from ralph_mail.errors import MailError
 from ralph_mail.message import Message, MessageType
@@ -183,7 +183,7 @@ class Mailbox:
     # -- the lead's protocols -------------------------------------------------------------
 
     def report_status(self, text: str, state: str | None, progress: float | None) -> str:
-        metadata = protocol.status_metadata(state or "working", None, progress)
+        metadata = protocols.status_metadata(state or "working", None, progress)
         lead = self.bus.team.lead
         self._locked(lambda: self.bus.send(lead, MessageType.STATUS_UPDATE, text, metadata))
         return f"Status sent to {lead}."
@@ -198,7 +198,7 @@ class Mailbox:
             return f"Plan sent to {lead}; no answer in {wait:g} s: it comes to check_inbox."
         if answer.reply_to != sent.id:  # an answer to an earlier plan: give it back
             self._seen[answer.id] = answer
-        approved, feedback = protocol.parse_plan_approval(answer)
+        approved, feedback = protocols.parse_plan_approval(answer)
         verdict = "approved" if approved else "rejected"
         return f"Plan {verdict} by {lead}" + (f": {feedback}" if feedback else ".")
 
@@ -211,7 +211,7 @@ class Mailbox:
                     "no shutdown request to answer: check_inbox shows one when it comes"
                 )
             request = requests[-1]
-            metadata = {protocol.ACCEPTED: "true" if accept else "false"}
+            metadata = {protocols.ACCEPTED: "true" if accept else "false"}
             self.bus.send(request.from_agent, MessageType.SHUTDOWN_RESPONSE,
                           reason or ("shutting down" if accept else "not now"), metadata,
                           reply_to=request.id)  # fmt: skip

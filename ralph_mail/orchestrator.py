@@ -3,7 +3,7 @@
 The lead blocks on its inbox (file events, no fixed-interval polling) and dispatches each
 message by type through `TeamOrchestrator.handlers`, a table users can extend: status
 updates feed the per-agent `progress`, plan submissions go through a review policy and
-are answered, shutdown responses feed the shutdown protocol.
+are answered, shutdown responses feed the shutdown protocols.
 
 Delivery is at-least-once and handling is idempotent. For each message the lead peeks,
 handles, records the message's id in its state file, then commits its cursor. (A message
@@ -13,7 +13,7 @@ change nothing outside the lead, and a flood of status updates then costs no fsy
 * killed before the commit, the message comes again and its recorded id makes it a no-op;
 * killed after replying but before recording, the message comes again and the reply is
   *derived*: its id depends only on the lead and the message answered
-  (`protocol.derived_id`), and the first message handled after a start looks for that id
+  (`protocols.derived_id`), and the first message handled after a start looks for that id
   in the recipient's inbox before sending, so the reply is not sent twice.
 
 The state file (``<team>/orchestrator/<lead>.json``, beside ``mailbox/``) holds the
@@ -44,7 +44,7 @@ from typing import Any
 
 import orjson
 
-from ralph_mail import protocol
+from ralph_mail import protocols
 from ralph_mail.bus import MessageBus
 from ralph_mail.children import kill_group, spawn
 from ralph_mail.errors import InvalidMessage, MailError, ProtocolError, StoreError
@@ -57,8 +57,7 @@ from ralph_mail.settings import (
     SHUTDOWN_RETRY_S,
     SHUTDOWN_TIMEOUT_S,
 )
-from ralph_mail.store.base import TeamStore
-from ralph_mail.store.watch import StopEvent
+from ralph_mail.store.base import StopEvent, TeamStore
 from ralph_mail.team import load_team
 
 _STATE_VERSION = 2
@@ -98,7 +97,7 @@ class AgentProgress:
 
     Attributes:
         agent: the teammate's name.
-        state: the last reported state (`protocol.STATES`), or "unknown" before any.
+        state: the last reported state (`protocols.STATES`), or "unknown" before any.
         task: the task it works on (reported, else the last one assigned), or "".
         progress: the last reported fraction from 0 to 1, or None.
         text: the last thing it said (status text, plan, text message).
@@ -384,7 +383,7 @@ class TeamOrchestrator:
     def all_done(self) -> bool:
         """Whether every teammate's last reported state is done or failed."""
         return all(
-            self.progress.get(name, AgentProgress(name)).state in protocol.FINISHED_STATES
+            self.progress.get(name, AgentProgress(name)).state in protocols.FINISHED_STATES
             for name in self.teammates
         )
 
@@ -532,7 +531,7 @@ class TeamOrchestrator:
     def _refuse(self, message: Message, reason: str) -> None:
         self._emit(EventKind.ERROR, message.from_agent, reason, message)
         try:
-            self.reply(message, MessageType.TEXT, f"error: {reason}", {protocol.ERROR: "protocol"})
+            self.reply(message, MessageType.TEXT, f"error: {reason}", {protocols.ERROR: "protocol"})
         except MailError as exc:  # e.g. the sender left the team: nobody to tell
             self._emit(EventKind.ERROR, message.from_agent, f"cannot answer: {exc}", message)
 
@@ -558,7 +557,7 @@ class TeamOrchestrator:
         reply_id = None
         if message is self._current:
             key = f"{message.from_agent}:{message.id}"
-            reply_id = protocol.derived_id(self.agent, key, str(self._replies))
+            reply_id = protocols.derived_id(self.agent, key, str(self._replies))
             self._replies += 1
             recipient = message.from_agent
             if reply_id in self._sent:
@@ -578,7 +577,7 @@ class TeamOrchestrator:
     # -- default handlers -----------------------------------------------------------------
 
     def _on_status(self, message: Message) -> None:
-        status = protocol.parse_status(message)
+        status = protocols.parse_status(message)
         agent = message.from_agent
         old = self.progress.get(agent, AgentProgress(agent))
         task = status.task or old.task
@@ -600,22 +599,22 @@ class TeamOrchestrator:
             ask is not None
             and ask.answer is None
             and ask.deferred
-            and status.state in protocol.AVAILABLE_STATES
+            and status.state in protocols.AVAILABLE_STATES
         ):
             ask.next_ask = time.monotonic()  # it finished what it deferred for: ask now
 
     def _on_plan(self, message: Message) -> None:
         agent = message.from_agent
-        task = message.metadata.get(protocol.TASK) or None
+        task = message.metadata.get(protocols.TASK) or None
         if not message.content.strip():
             raise ProtocolError(
                 f"plan_submission {message.id} from {agent} is empty: put the plan in the "
                 "content ('ralph-mail plan submit PLAN')"
             )
         approved, feedback = self._review(Plan(agent, message.content, task, message))
-        metadata = {protocol.APPROVED: "true" if approved else "false"}
+        metadata = {protocols.APPROVED: "true" if approved else "false"}
         if task:
-            metadata[protocol.TASK] = task
+            metadata[protocols.TASK] = task
         self.reply(message, MessageType.PLAN_APPROVAL, feedback, metadata)
         old = self.progress.get(agent, AgentProgress(agent))
         self.progress[agent] = replace(
@@ -642,7 +641,7 @@ class TeamOrchestrator:
         return approved, feedback or ("approved" if approved else "rejected")
 
     def _on_shutdown_response(self, message: Message) -> None:
-        answer = protocol.parse_shutdown_response(message)
+        answer = protocols.parse_shutdown_response(message)
         agent = message.from_agent
         ask = self._asks.get(agent)
         if ask is not None and answer.request_id not in ask.requests:
@@ -668,7 +667,7 @@ class TeamOrchestrator:
             ask.answer = False
 
     def _on_task_result(self, message: Message) -> None:
-        task = message.metadata.get(protocol.TASK_ID, "?")
+        task = message.metadata.get(protocols.TASK_ID, "?")
         failed = message.metadata.get("status") == "failed"
         kind = EventKind.TASK_FAILED if failed else EventKind.TASK_COMPLETED
         self._emit(kind, message.from_agent, f"{task}: {message.content}", message)
@@ -697,7 +696,7 @@ class TeamOrchestrator:
             >>> orch.assign("worker-1", "T-1", "parse the logs")  # doctest: +SKIP
         """
         self.check_teammate(agent)
-        protocol.check_task_id(task_id)
+        protocols.check_task_id(task_id)
         # Recorded in the team's task tree too, as a delegation is, so one tree shows
         # everything given out; the agent need not be online yet (it reads it later).
         _, message = self.bus._give(agent, description, None, None, None, task_id, strict=False)

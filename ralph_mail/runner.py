@@ -37,8 +37,7 @@ from ralph_mail.bus import MessageBus
 from ralph_mail.children import kill_group, spawn
 from ralph_mail.errors import InvalidMessage, MailError, PermissionDenied
 from ralph_mail.message import Message, MessageType
-from ralph_mail.store.base import Waiter
-from ralph_mail.store.watch import StopEvent
+from ralph_mail.store.base import StopEvent, Waiter
 
 #: What starts a run, by message type, and the pattern its child is told.
 PATTERNS: Final[dict[str, str]] = {

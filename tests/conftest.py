@@ -153,7 +153,7 @@ def nats_server() -> str:
 def fresh_nats() -> str:
     """The test run's NATS server, emptied: every stream (teams, their buckets, the list
     of teams) of earlier tests deleted."""
-    from ralph_mail.store.natspush import Loop
+    from ralph_mail.store.nats.push import Loop
 
     url = nats_server()
     link = Loop.of(url)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from ralph_mail import Message, MessageBus, MessageType
-from ralph_mail.store import FileStore
+from ralph_mail.store.files import FileStore
 
 #: The longest any test waits for another process; generous for a loaded 2-core machine.
 BOUND_S = 60.0

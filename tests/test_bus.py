@@ -19,7 +19,7 @@ from ralph_mail import (
     UnknownAgent,
     create_team,
 )
-from ralph_mail.store import inbox as store_module
+from ralph_mail.store.files import inbox as store_module
 
 
 def inbox(team: Team, agent: str) -> Path:

@@ -20,8 +20,8 @@ import pytest
 from conftest import BACKENDS, BOUND_S, Processes, backend_url, cli_env, ralph
 
 from ralph_mail import MessageBus, MessageType, create_team
-from ralph_mail.channels import delay_of, mentions
 from ralph_mail.errors import InvalidMessage, PermissionDenied, RateLimited
+from ralph_mail.talk.channels import delay_of, mentions
 
 
 @pytest.fixture(params=BACKENDS)
@@ -130,7 +130,7 @@ def test_a_member_who_left_or_timed_out_takes_no_turn(
 
 def test_policy_and_rates_apply_to_mentions(buses: dict[str, MessageBus]) -> None:
     """A mention is contact: a deny rule refuses it (exit 4), a rate limit counts it."""
-    from ralph_mail import policy
+    from ralph_mail.govern import policy
 
     lead = buses["lead"]
     rules = {"rules": [{"from": "lead", "to": "c", "permission": "deny"}], "rates": {"lead": 2}}
@@ -156,7 +156,7 @@ def test_mentions_past_the_depth_limit_start_nothing(buses: dict[str, MessageBus
 def test_mention_parsing_and_the_pause_between_answers() -> None:
     """Mentions are found in order, once each, not inside words or addresses; the pause
     is 1 to N seconds, the same for the same post and agent."""
-    from ralph_mail.channels import Channel
+    from ralph_mail.talk.channels import Channel
 
     channel = Channel("x", ("lead", "a.b", "c"))
     assert mentions("@a.b, @c and @c again; x@c @lead.", channel, "lead") == ["a.b", "c"]
@@ -368,7 +368,7 @@ def test_a_runner_killed_mid_mention_answers_once_when_started_again(
 
 
 def _unread(home: Path, agent: str) -> list[object]:
-    from ralph_mail.history import History
+    from ralph_mail.talk.history import History
 
     view = History("demo", [agent], home)
     try:

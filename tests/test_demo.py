@@ -18,7 +18,7 @@ from protocol_helpers import (  # noqa: F401
 )
 
 from ralph_mail import MessageType, list_teams
-from ralph_mail.store import FileStore
+from ralph_mail.store.files import FileStore
 
 
 def start_demo(children: Children, tmp_path: Path, *args: str) -> Child:

@@ -298,7 +298,7 @@ def test_an_approver_killed_while_approving_delivers_once_when_run_again(
     """kill -9 of the approver right after recording its decision, or right after
     delivering; approve run again: the message is delivered exactly once, unchanged, and
     the sender is told once."""
-    from ralph_mail.policy import Policy, Rule
+    from ralph_mail.govern.policy import Policy, Rule
 
     with MessageBus("demo", "lead") as lead:
         rule = Rule("worker-1", "worker-2", "allow", True)
@@ -322,7 +322,8 @@ def test_an_approver_killed_while_approving_delivers_once_when_run_again(
 SEARCHER = """
 import os, signal, sys
 from ralph_mail import MessageBus
-from ralph_mail.store import archive, search
+from ralph_mail.store import search
+from ralph_mail.store.files import archive
 step = sys.argv[1]
 def die_after(owner, name):
     original = getattr(owner, name)
@@ -393,7 +394,7 @@ def test_a_sender_killed_while_waiting_for_approval_loses_nothing(
     import subprocess
     import sys
 
-    from ralph_mail.policy import Policy, Rule
+    from ralph_mail.govern.policy import Policy, Rule
 
     with MessageBus("demo", "lead") as lead:
         lead.store.save_state("policy", Policy((Rule("worker-1", "*", "allow", True),)).to_json())

@@ -22,8 +22,9 @@ from conftest import BOUND_S, cli_env
 from faultkit import SCALES, dead_letters, lines_of, pick, record
 
 from ralph_mail import MailError, Message, MessageBus, StoreError, Team, create_team
-from ralph_mail.store import Cursor, FileStore, pid_alive
-from ralph_mail.store import inbox as store_module
+from ralph_mail.store import Cursor
+from ralph_mail.store.files import FileStore, pid_alive
+from ralph_mail.store.files import inbox as store_module
 
 
 class Crash(BaseException):

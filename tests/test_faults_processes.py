@@ -22,7 +22,7 @@ from faultkit import SCALES, dead_letters, lines_of, pick, record
 
 from ralph_mail import MessageBus, create_team
 from ralph_mail.settings import MAX_MESSAGE_BYTES
-from ralph_mail.store import FileStore
+from ralph_mail.store.files import FileStore
 
 #: Envelope, metadata and JSON escapes of a test message stay under this.
 OVERHEAD = 400
@@ -47,7 +47,7 @@ print("done", flush=True)
 READER = """
 import sys, threading, time, orjson
 from ralph_mail import MessageBus
-from ralph_mail.history import History
+from ralph_mail.talk.history import History
 mode, total, bound = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 stop = threading.Event()
 timer = threading.Timer(bound, stop.set)
@@ -138,7 +138,7 @@ def test_load_16_writers_into_one_inbox_while_2_readers_poll(
 STORM_WRITER = """
 import os, sys
 from ralph_mail import MessageBus
-from ralph_mail.store import inbox as store
+from ralph_mail.store.files import inbox as store
 name, hook, tag = sys.argv[1], sys.argv[2], sys.argv[3]
 bus = MessageBus("storm", name)
 real = store.write_all

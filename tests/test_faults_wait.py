@@ -16,7 +16,7 @@ from conftest import BOUND_S, Processes, cli_env
 from faultkit import record
 
 from ralph_mail import MessageBus, Team
-from ralph_mail.store import FileStore
+from ralph_mail.store.files import FileStore
 
 COLLECTOR = """
 import sys
@@ -107,7 +107,7 @@ def test_a_wait_whose_events_are_all_lost_still_returns_the_mail(
     team: Team, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Events that never come (a lost inotify event) delay a wait by the safety poll at most."""
-    from ralph_mail.store import watch
+    from ralph_mail.store.files import watch
 
     def deaf(self: watch.Watcher, timeout: float, stop: object = None) -> bool:
         time.sleep(min(timeout, 0.05))  # this fake watcher hears nothing

@@ -13,7 +13,7 @@ import pytest
 from conftest import BOUND_S, Processes, cli_env, ralph
 
 from ralph_mail import MessageBus, PermissionDenied, RateLimited, Team, create_team
-from ralph_mail.policy import Policy, Rule
+from ralph_mail.govern.policy import Policy, Rule
 from ralph_mail.team import update_team
 
 CREW = ("lead", "boss", "intern", "writer", "archive")

@@ -16,9 +16,9 @@ from faultkit import SCALES, dead_letters, pick, record
 from ralph_mail import MessageBus, Team, create_team
 from ralph_mail.errors import LockTimeout
 from ralph_mail.maintenance import collect, doctor
-from ralph_mail.store import FileStore
-from ralph_mail.store import doctor as maintenance
-from ralph_mail.store import inbox as store_module
+from ralph_mail.store.files import FileStore
+from ralph_mail.store.files import doctor as maintenance
+from ralph_mail.store.files import inbox as store_module
 
 
 def inbox(team: Team, agent: str = "lead") -> Path:
@@ -81,7 +81,7 @@ def test_gc_sets_a_torn_tail_aside(team: Team) -> None:
 
 def test_a_viewer_behind_gc_still_shows_every_message(team: Team) -> None:
     """tail -f (History) behind a compaction reads the replaced inbox to its end first."""
-    from ralph_mail.history import History
+    from ralph_mail.talk.history import History
 
     view = History("demo", ["lead"])
     view.last(0)
@@ -97,7 +97,7 @@ def test_a_viewer_whose_position_was_collected_continues_from_the_new_start(
     team: Team,
 ) -> None:
     """Lines collected from an inbox the viewer never had open are skipped, without error."""
-    from ralph_mail.history import History
+    from ralph_mail.talk.history import History
 
     view = History("demo", ["lead"])
     view.last(0)
@@ -145,7 +145,7 @@ def test_gc_killed_at_each_step_loses_and_shifts_nothing(
             return real_fsync(args[0])  # type: ignore[arg-type]
         raise Crash
 
-    from ralph_mail.store.slots import SlotFile
+    from ralph_mail.store.files.slots import SlotFile
 
     targets = {
         "copy": (store_module, "copy_range"),
@@ -180,7 +180,7 @@ def test_a_gc_temp_file_left_by_a_dead_process_is_reported_and_removed(team: Tea
 def test_two_gc_runs_take_turns(team: Team, procs: Processes) -> None:
     """While one gc holds gc.lock another waits, then gives up with LockTimeout."""
     holder = procs.python(
-        "import sys\nfrom ralph_mail.store import FileStore\n"
+        "import sys\nfrom ralph_mail.store.files import FileStore\n"
         f"s = FileStore(__import__('pathlib').Path({str(team.home)!r}), 'demo')\n"
         "with s.maintenance_lock(5):\n    print('held', flush=True); sys.stdin.readline()",
         env=cli_env(team.home),

@@ -225,7 +225,7 @@ def test_channels_history_search_and_the_leads_protocols(team: object, home: Pat
 
 def test_rates_and_policy_apply(team: object, home: Path) -> None:
     """10 contacts a minute when the policy sets no rate; a deny rule refuses."""
-    from ralph_mail import policy
+    from ralph_mail.govern import policy
 
     async def body(client: Client) -> None:
         for n in range(10):

@@ -1,4 +1,4 @@
-"""The NATS store's synchronous connection (`ralph_mail.store.natswire`), against a
+"""The NATS store's synchronous connection (`ralph_mail.store.nats.wire`), against a
 scripted server that speaks just enough of the protocol to break where told."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ralph_mail.store.natswire import TooBig, Wire, WireError, _headers
+from ralph_mail.store.nats.wire import TooBig, Wire, WireError, _headers
 
 
 class Scripted:

@@ -8,7 +8,7 @@ import orjson
 from conftest import BOUND_S, Processes, cli_env
 
 from ralph_mail import MessageBus, Team
-from ralph_mail.store.watch import Watcher
+from ralph_mail.store.files.watch import Watcher
 
 WRITER = """
 import sys

@@ -14,8 +14,8 @@ from conftest import BOUND_S, Processes, cli_env, ralph
 from faultkit import record
 
 from ralph_mail import MailError, MessageBus, StoreError, Team, delete_team
-from ralph_mail.history import History
-from ralph_mail.store import inbox as inbox_module
+from ralph_mail.store.files import inbox as inbox_module
+from ralph_mail.talk.history import History
 
 LEAD = ("--team", "demo", "--agent", "lead")
 

@@ -22,7 +22,7 @@ from conftest import BOUND_S, Processes, cli_env
 from faultkit import dead_letters, record
 
 from ralph_mail import MailError, MessageBus, Team, create_team, delete_team, list_teams
-from ralph_mail.history import History
+from ralph_mail.talk.history import History
 
 MEMBERS: list[str | tuple[str, str]] = ["lead", ("worker-1", "parses logs"), "worker-2"]
 

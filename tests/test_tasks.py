@@ -13,7 +13,7 @@ from ralph_mail import (
     MessageType,
     Team,
 )
-from ralph_mail.tasks import tree_lines
+from ralph_mail.talk.tasks import tree_lines
 
 
 @pytest.fixture
@@ -133,7 +133,7 @@ def test_the_tree_puts_subtasks_under_their_parents(team: Team) -> None:
     lead.delegate("worker-2", "Pull revenue data", parent=root.id, id="t-1")
     lead.delegate("worker-2", "Draft summary", parent=root.id, id="t-2")
     assert [t.id for t in lead.tasks()] == ["T-100", "t-1", "t-2"]
-    from ralph_mail.tasks import fold
+    from ralph_mail.talk.tasks import fold
 
     drawn = [
         (prefix, task.id) for prefix, task in tree_lines(fold(lead.store.log_read("tasks"))[0])
@@ -237,7 +237,7 @@ def test_a_team_agent_answers_requests_with_its_answer_function(team: Team) -> N
 def test_the_tree_draws_deep_chains_and_parents_that_name_each_other() -> None:
     """tasks.draw: a chain 5,000 deep is drawn (no recursion limit); two tasks whose
     parents name each other are still shown; columns line up."""
-    from ralph_mail.tasks import Task, draw
+    from ralph_mail.talk.tasks import Task, draw
 
     def task(id: str, parent: str | None) -> Task:
         ts = "2026-11-23T10:00:00.000000Z"
@@ -302,7 +302,7 @@ def test_the_tree_folds_from_its_snapshot_and_ignores_a_bad_one(team: Team) -> N
     """After 1,000 events the fold is saved (state tasks.fold) and later folds start
     from it, events after it included; a damaged snapshot, or one whose log was
     replaced, is ignored: the tree is the same either way."""
-    from ralph_mail.tasks import SNAPSHOT_KEY, fold, load
+    from ralph_mail.talk.tasks import SNAPSHOT_KEY, fold, load
 
     with MessageBus("demo", "worker-1") as worker:
         worker.set_presence("idle")

@@ -69,7 +69,7 @@ def channel_list(
     """
 
     def action() -> int:
-        from ralph_mail.channels import listed
+        from ralph_mail.talk.channels import listed
         from ralph_mail.team import load_team
 
         who = identity(home, team, agent)
@@ -170,7 +170,7 @@ def channel_read(
 
 def _log(home: str | None, team: str | None, name: str) -> tuple[str, str]:
     """The team and the store key of channel ``name``, which must exist."""
-    from ralph_mail.channels import find
+    from ralph_mail.talk.channels import find
     from ralph_mail.team import load_team
 
     team_name = identity(home, team, None).need_team()
@@ -194,7 +194,7 @@ def channel_tail(
     """
 
     def action() -> None:
-        from ralph_mail.history import History
+        from ralph_mail.talk.history import History
 
         if lines < 0:
             raise MailError(f"invalid -n {lines}: give a count >= 0")
@@ -228,7 +228,7 @@ def channel_history(
     """
 
     def action() -> int:
-        from ralph_mail.channels import history
+        from ralph_mail.talk.channels import history
         from ralph_mail.team import load_team
 
         if lines < 0:

@@ -20,8 +20,8 @@ from ralph_mail.message import Message, encode
 
 def _find(who_team: str, who: str, home: str | None, message_id: str) -> Message:
     """A message of my inbox by id, consumed or not (looked for among the recent ones)."""
-    from ralph_mail.history import History
     from ralph_mail.message import check_id
+    from ralph_mail.talk.history import History
 
     check_id(message_id)
     view = History(who_team, [who], home)
@@ -413,13 +413,13 @@ def tasks_tree(
     """
 
     def action() -> None:
-        from ralph_mail.tasks import draw, load
+        from ralph_mail.talk.tasks import draw, load
         from ralph_mail.team import load_team
 
         roster = load_team(identity(home, team, agent).need_team(), home)
         known, _ = load(roster.store)
         if json:
-            from ralph_mail.tasks import ordered
+            from ralph_mail.talk.tasks import ordered
 
             print_json_lines([task.to_dict() for task in ordered(known)])
             return

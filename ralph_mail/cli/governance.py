@@ -13,7 +13,7 @@ from ralph_mail.cli.render import print_json_lines, print_messages, print_table,
 from ralph_mail.errors import MailError
 
 if TYPE_CHECKING:
-    from ralph_mail.policy import Policy
+    from ralph_mail.govern.policy import Policy
     from ralph_mail.team import Team
 
 policy_app = Group(
@@ -31,7 +31,7 @@ Party = Annotated[str, Argument(help="A member, or '*' for everyone.", metavar="
 
 def _parsed(raw: bytes | None, roster: Team) -> Policy:
     """The policy in ``raw``; a `MailError` naming the file when it is broken."""
-    from ralph_mail import policy
+    from ralph_mail.govern import policy
 
     try:
         return policy.parse(raw or b"{}")
@@ -45,7 +45,7 @@ def _parsed(raw: bytes | None, roster: Team) -> Policy:
 
 def _edit(home: str | None, team: str | None, change: Callable[[Policy], Policy]) -> None:
     """Change the team's policy with no other change in between."""
-    from ralph_mail import policy
+    from ralph_mail.govern import policy
     from ralph_mail.team import load_team
 
     roster = load_team(identity(home, team, None).need_team(), home)
@@ -68,7 +68,8 @@ def policy_show(home: Home = None, team: TeamName = None, json: JsonRecords = Fa
     """
 
     def action() -> None:
-        from ralph_mail import policy, settings
+        from ralph_mail import settings
+        from ralph_mail.govern import policy
         from ralph_mail.team import load_team
 
         roster = load_team(identity(home, team, None).need_team(), home)
@@ -90,7 +91,7 @@ def policy_show(home: Home = None, team: TeamName = None, json: JsonRecords = Fa
 def _rule(permission: Literal["allow", "deny"], sender: str, target: str, approval: bool,
           home: str | None, team: str | None) -> None:  # fmt: skip
     def action() -> None:
-        from ralph_mail.policy import Rule
+        from ralph_mail.govern.policy import Rule
 
         rule = Rule(_party(sender), _party(target), permission, approval)
         _edit(home, team, lambda current: current.with_rule(rule))
@@ -145,7 +146,7 @@ def policy_rate(
     """
 
     def action() -> None:
-        from ralph_mail.policy import check_rate
+        from ralph_mail.govern.policy import check_rate
 
         rate = None
         if per_minute != "off":

@@ -15,8 +15,8 @@ from ralph_mail.cli.send import SendRequest, parse_meta, read_body
 from ralph_mail.errors import MailError
 
 if TYPE_CHECKING:
-    from ralph_mail.history import History
     from ralph_mail.message import Message
+    from ralph_mail.talk.history import History
 from ralph_mail.message import encode
 
 team_app = Group(
@@ -297,7 +297,7 @@ def read(
     def action() -> int:
         who = identity(home, team, agent)
         if peek:  # looking consumes nothing and claims nothing: works beside the owner
-            from ralph_mail.history import History
+            from ralph_mail.talk.history import History
 
             view = History(who.need_team(), [who.need_agent()], home)
             try:
@@ -386,7 +386,7 @@ def tail(
     """
 
     def action() -> None:
-        from ralph_mail.history import History
+        from ralph_mail.talk.history import History
         from ralph_mail.team import load_team
 
         if lines < 0:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated
 
-from ralph_mail import protocol, settings
+from ralph_mail import protocols, settings
 from ralph_mail.cli import EXIT_NO, EXIT_NOTHING, EXIT_OK, error_line, say
 from ralph_mail.cli.app import Agent, Home, Json, JsonRecords, TeamName, app, command, identity
 from ralph_mail.cli.command import Argument, Group, Option
@@ -98,7 +98,7 @@ def status(
     """
 
     def action() -> None:
-        metadata = protocol.status_metadata(state, task, progress)
+        metadata = protocols.status_metadata(state, task, progress)
         body = read_body(text, settings.max_message_bytes())
         bus = identity(home, team, agent).bus()
         try:
@@ -188,9 +188,9 @@ def shutdown_respond(
             if request is None:
                 error_line(f"no shutdown request in {bus.agent}'s inbox: nothing to answer")
                 return EXIT_NOTHING
-            metadata = {protocol.ACCEPTED: "true" if accept else "false"}
+            metadata = {protocols.ACCEPTED: "true" if accept else "false"}
             if defer:
-                metadata[protocol.DEFERRED] = "true"
+                metadata[protocols.DEFERRED] = "true"
             default = "shutting down" if accept else "finishing current task" if defer else "no"
             answer = bus.send(
                 request.from_agent,
@@ -210,7 +210,7 @@ def shutdown_respond(
 def _newest_request(bus: MessageBus) -> Message | None:
     """The newest shutdown request of my inbox: unread ones are consumed (they are being
     answered now); with none unread, the newest one already read, looked up from the end."""
-    from ralph_mail.history import History
+    from ralph_mail.talk.history import History
 
     newest = None
     while (unread := bus.wait_for_message(MessageType.SHUTDOWN_REQUEST, timeout=0)) is not None:

@@ -109,7 +109,7 @@ class SendRequest:
     def run(self) -> int:
         """Send; print the id (or the envelope with ``--json``)."""
         from ralph_mail import settings
-        from ralph_mail.protocol import check_outgoing
+        from ralph_mail.protocols import check_outgoing
 
         check_wait(self.wait)
         metadata = parse_meta(self.meta)

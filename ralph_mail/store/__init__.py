@@ -1,9 +1,10 @@
-"""Storage: the interface every backend implements (`base`), and the file backend.
+"""Storage: the seam every backend implements (`base`), and the one factory that picks a
+backend from a URL (`backend`).
 
-The file backend is split by concern: ``layout`` (where a team's files live, teams made
-and removed), ``inbox`` (the inbox log), ``slots`` (the slot file behind cursors and
-bases), ``posix`` (opens, writes, errors), ``watch`` (waking on file events), and
-``files`` (`FileStore` and `FileBackend`, which put them together).
+Nothing above this package imports a backend module: it asks `backend` for one. The
+backends live in a folder each: ``files/`` (the default: JSONL inboxes under a home),
+``nats/`` (NATS JetStream, the ``nats`` extra) and ``memory.py`` (one process's memory,
+for tests and embedding).
 """
 
 from __future__ import annotations
@@ -11,12 +12,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from ralph_mail.errors import MailError
-from ralph_mail.store.base import Backend, Compaction, Cursor, TeamStore, Waiter
-from ralph_mail.store.files import FileBackend, FileStore
-from ralph_mail.store.inbox import InboxState
-from ralph_mail.store.layout import teams_dir
-from ralph_mail.store.posix import pid_alive, pid_stopped
-from ralph_mail.store.watch import StopEvent
+from ralph_mail.store.base import (
+    Backend,
+    Compaction,
+    Cursor,
+    Query,
+    StopEvent,
+    TeamStore,
+    Waiter,
+)
 
 
 def backend(home: Path, url: str = "") -> Backend:
@@ -24,6 +28,8 @@ def backend(home: Path, url: str = "") -> Backend:
     for ``""`` or ``file``, a place in this process's memory for ``memory://NAME``, a NATS
     JetStream server for ``nats://HOST:PORT`` (the ``nats`` extra)."""
     if url in ("", "file"):
+        from ralph_mail.store.files import FileBackend
+
         return FileBackend(home)
     if url.startswith(("nats://", "tls://")):
         try:
@@ -48,14 +54,9 @@ __all__ = [
     "Backend",
     "Compaction",
     "Cursor",
-    "FileBackend",
-    "FileStore",
-    "InboxState",
+    "Query",
     "StopEvent",
     "TeamStore",
     "Waiter",
     "backend",
-    "pid_alive",
-    "pid_stopped",
-    "teams_dir",
 ]

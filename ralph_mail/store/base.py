@@ -21,11 +21,26 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from ralph_mail.store.search import Query
-    from ralph_mail.store.watch import StopEvent
+
+class StopEvent(Protocol):
+    """Anything with ``is_set()``, such as `threading.Event`: a wait returns when it is set."""
+
+    def is_set(self) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """What to look for in the audit trail: ``words`` (all of them), and optional filters."""
+
+    words: str = ""
+    sender: str | None = None
+    recipient: str | None = None
+    type: str | None = None
+    thread: str | None = None
+    since: str | None = None  # a ts: messages at or after it
+    limit: int = 20
 
 
 @dataclass

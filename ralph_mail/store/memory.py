@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from ralph_mail.errors import StoreError
 from ralph_mail.message import check_name, format_ts
-from ralph_mail.store.base import Compaction, Cursor
-from ralph_mail.store.watch import StopEvent
+from ralph_mail.store.base import Compaction, Cursor, StopEvent
 
 if TYPE_CHECKING:
-    from ralph_mail.store.search import Query, SearchIndex
+    from ralph_mail.store.base import Query
+    from ralph_mail.store.search import SearchIndex
 
 _places: dict[str, MemoryBackend] = {}
 _places_lock = threading.Lock()
@@ -285,7 +285,7 @@ class MemoryStore:
                 self.purge_archive(agent, drop_before)
             skip = 0
             if drop_before is not None and not inbox.archive:
-                from ralph_mail.store.archive import older
+                from ralph_mail.store.files.archive import older
 
                 skip = older(bytes(inbox.data[:cut]), drop_before)
             if not inbox.archive:

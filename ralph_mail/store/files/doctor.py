@@ -18,8 +18,8 @@ from typing import Final, Literal
 from ralph_mail import settings
 from ralph_mail.errors import MailError
 from ralph_mail.store.files import FileStore
-from ralph_mail.store.layout import teams_dir
-from ralph_mail.store.posix import pid_alive, pid_stopped
+from ralph_mail.store.files.layout import teams_dir
+from ralph_mail.store.files.posix import pid_alive, pid_stopped
 
 Level = Literal["ok", "warn", "fail"]
 
@@ -433,7 +433,7 @@ def lock_holders(path: Path) -> list[int]:
 
 def watcher_works(directory: Path) -> bool:
     """Whether a wait on ``directory`` would wake on file events (not fall back to polling)."""
-    from ralph_mail.store.watch import Watcher
+    from ralph_mail.store.files.watch import Watcher
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

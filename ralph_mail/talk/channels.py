@@ -49,8 +49,7 @@ from ralph_mail.store.base import Cursor
 
 if TYPE_CHECKING:
     from ralph_mail.bus import MessageBus
-    from ralph_mail.store.base import TeamStore
-    from ralph_mail.store.watch import StopEvent
+    from ralph_mail.store.base import StopEvent, TeamStore
 
 #: The team state that holds the channels and their members.
 KEY: Final = "channels"

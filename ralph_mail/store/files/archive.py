@@ -1,6 +1,6 @@
 """The archive of one inbox: what gc compacted out of it, kept for the audit trail.
 
-An inbox's messages live at logical offsets that only grow (`ralph_mail.store.inbox`).
+An inbox's messages live at logical offsets that only grow (`ralph_mail.store.files.inbox`).
 When gc drops the consumed front of an inbox, the bytes it drops are first appended to
 ``archive/<agent>.jsonl``, and made durable, so the inbox and its archive together hold
 every message ever delivered to that agent, at the same logical offsets: the archive's
@@ -21,8 +21,8 @@ from typing import Final
 
 from ralph_mail.errors import StoreError
 from ralph_mail.message import last_ts
-from ralph_mail.store.layout import TeamDirs
-from ralph_mail.store.posix import open_file, pread_all, replace_file, write_all
+from ralph_mail.store.files.layout import TeamDirs
+from ralph_mail.store.files.posix import open_file, pread_all, replace_file, write_all
 
 HEAD: Final = 43  # len(b'{"archive":1,"start":' + 20 digits + b'}\n')
 _HEAD = re.compile(rb'\{"archive":1,"start":(\d{20})\}\n')

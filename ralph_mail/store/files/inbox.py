@@ -40,10 +40,10 @@ from dataclasses import dataclass
 from ralph_mail.errors import LockTimeout, StoreError
 from ralph_mail.message import format_ts, last_ts
 from ralph_mail.settings import TAIL_CHUNK_BYTES
-from ralph_mail.store.archive import Archive
 from ralph_mail.store.base import Compaction
-from ralph_mail.store.layout import TeamDirs, log_place
-from ralph_mail.store.posix import (
+from ralph_mail.store.files.archive import Archive
+from ralph_mail.store.files.layout import TeamDirs, log_place
+from ralph_mail.store.files.posix import (
     copy_range,
     open_file,
     pread_all,
@@ -51,7 +51,7 @@ from ralph_mail.store.posix import (
     unlinked,
     write_all,
 )
-from ralph_mail.store.slots import SlotFile
+from ralph_mail.store.files.slots import SlotFile
 
 #: A sender reads this much of the inbox's end to check for a torn line and find the last ts.
 _TAIL_PROBE = 160

@@ -30,7 +30,7 @@ import warnings
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from ralph_mail.settings import (
     WATCH_DEBOUNCE_MS,
@@ -42,15 +42,11 @@ from ralph_mail.settings import (
 if TYPE_CHECKING:
     from watchfiles._rust_notify import RustNotify
 
+    from ralph_mail.store.base import StopEvent
+
 
 #: Other directories a watcher looks at, each with the names of the files watched in it.
 Places = Mapping[Path, list[str]]
-
-
-class StopEvent(Protocol):
-    """Anything with ``is_set()``, such as `threading.Event`: a wait returns when it is set."""
-
-    def is_set(self) -> bool: ...
 
 
 def _force_polling() -> bool:

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from ralph_mail.errors import StoreError, TeamNotFound
-from ralph_mail.store.posix import (
+from ralph_mail.store.files.posix import (
     open_dir,
     open_file,
     read_file,
@@ -40,7 +40,7 @@ from ralph_mail.store.posix import (
     unlinked,
     write_all,
 )
-from ralph_mail.store.slots import SlotFile
+from ralph_mail.store.files.slots import SlotFile
 
 #: The directories beside ``mailbox/``, made with the team.
 SUBDIRS = (

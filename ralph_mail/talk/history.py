@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 
 from ralph_mail.message import BROADCAST_ADDRESS, Message, decode_lines
 from ralph_mail.settings import WATCH_SAFETY_POLL_S
-from ralph_mail.store.watch import StopEvent
+from ralph_mail.store.base import StopEvent
 from ralph_mail.team import load_team
 
 

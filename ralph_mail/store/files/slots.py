@@ -20,7 +20,7 @@ import zlib
 from collections.abc import Callable
 
 from ralph_mail.errors import StoreError
-from ralph_mail.store.posix import open_file, replace_file, store_error, unlinked
+from ralph_mail.store.files.posix import open_file, replace_file, store_error, unlinked
 
 _HEAD = struct.Struct("<QI")
 _CRC = struct.Struct("<I")

@@ -15,7 +15,7 @@ from collections.abc import Coroutine
 from typing import Any, Final, TypeVar
 
 from ralph_mail.errors import StoreError
-from ralph_mail.store.natswire import REQUEST_S
+from ralph_mail.store.nats.wire import REQUEST_S
 
 _T = TypeVar("_T")
 

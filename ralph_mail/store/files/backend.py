@@ -25,10 +25,10 @@ import orjson
 from ralph_mail.errors import InboxBusy, LockTimeout, StoreError
 from ralph_mail.message import check_name, format_ts
 from ralph_mail.settings import FILE_MODE
-from ralph_mail.store.archive import Archive
 from ralph_mail.store.base import Compaction, Cursor
-from ralph_mail.store.inbox import READ_MAX_BYTES, InboxLog, InboxState
-from ralph_mail.store.layout import (
+from ralph_mail.store.files.archive import Archive
+from ralph_mail.store.files.inbox import READ_MAX_BYTES, InboxLog, InboxState
+from ralph_mail.store.files.layout import (
     TeamDirs,
     create_team_files,
     log_place,
@@ -36,7 +36,7 @@ from ralph_mail.store.layout import (
     remove_team_files,
     team_names,
 )
-from ralph_mail.store.posix import (
+from ralph_mail.store.files.posix import (
     open_file,
     pid_alive,
     pread_all,
@@ -45,11 +45,12 @@ from ralph_mail.store.posix import (
     store_error,
     write_all,
 )
-from ralph_mail.store.slots import SlotFile
-from ralph_mail.store.watch import Watcher
+from ralph_mail.store.files.slots import SlotFile
+from ralph_mail.store.files.watch import Watcher
 
 if TYPE_CHECKING:
-    from ralph_mail.store.search import Query, SearchIndex
+    from ralph_mail.store.base import Query
+    from ralph_mail.store.search import SearchIndex
 
 _CURSOR = struct.Struct("<qQI")
 #: One index entry: a magic, the inbox's agent name (NUL-padded), the line's offset and

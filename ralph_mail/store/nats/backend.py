@@ -55,7 +55,7 @@ import orjson
 from ralph_mail.errors import InboxBusy, StoreError
 from ralph_mail.message import check_name, format_ts
 from ralph_mail.store.base import Compaction, Cursor
-from ralph_mail.store.natswire import (
+from ralph_mail.store.nats.wire import (
     REQUEST_S,
     NeverReached,
     Reply,
@@ -65,9 +65,9 @@ from ralph_mail.store.natswire import (
 )
 
 if TYPE_CHECKING:  # natspush (nats-py, asyncio) is imported when first needed
-    from ralph_mail.store.natspush import Keys, Loop
-    from ralph_mail.store.search import Query, SearchIndex
-    from ralph_mail.store.watch import StopEvent
+    from ralph_mail.store.base import Query, StopEvent
+    from ralph_mail.store.nats.push import Keys, Loop
+    from ralph_mail.store.search import SearchIndex
 
 _T = TypeVar("_T")
 
@@ -202,7 +202,7 @@ class NatsStore:
     def _link(self) -> Loop:
         """nats-py's connection: made when something needs it (a waiter, the bucket's
         watch, the streams' administration), so a one-off command never imports it."""
-        from ralph_mail.store.natspush import Loop
+        from ralph_mail.store.nats.push import Loop
 
         return Loop.of(self.url)
 
@@ -937,7 +937,7 @@ class NatsStore:
         return self._cache.get(key)
 
     def _watch(self) -> None:
-        from ralph_mail.store.natspush import Keys
+        from ralph_mail.store.nats.push import Keys
 
         with contextlib.suppress(StoreError):  # else looks go on asking the server
             keys = Keys(self._link, self.stream)
@@ -1041,7 +1041,7 @@ class NatsBackend:
         self.url = url
 
     def _link(self) -> Loop:
-        from ralph_mail.store.natspush import Loop
+        from ralph_mail.store.nats.push import Loop
 
         return Loop.of(self.url)
 

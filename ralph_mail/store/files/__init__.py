@@ -1,0 +1,17 @@
+"""The file backend: a team is a folder of JSONL inboxes under a home.
+
+Split by concern: ``layout`` (where a team's files live, teams made and removed),
+``inbox`` (the inbox log), ``slots`` (the slot file behind cursors and bases), ``posix``
+(opens, writes, errors), ``watch`` (waking on file events), ``archive`` (what gc
+collected), ``doctor`` (checks), and ``backend`` (`FileStore` and `FileBackend`, which
+put them together).
+"""
+
+from __future__ import annotations
+
+from ralph_mail.store.files.backend import FileBackend, FileStore
+from ralph_mail.store.files.inbox import InboxState
+from ralph_mail.store.files.layout import teams_dir
+from ralph_mail.store.files.posix import pid_alive, pid_stopped
+
+__all__ = ["FileBackend", "FileStore", "InboxState", "pid_alive", "pid_stopped", "teams_dir"]
