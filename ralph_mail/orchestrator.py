@@ -58,6 +58,7 @@ from ralph_mail.settings import (
     SHUTDOWN_TIMEOUT_S,
 )
 from ralph_mail.store.base import StopEvent, TeamStore
+from ralph_mail.talk import tasks
 from ralph_mail.team import load_team
 
 _STATE_VERSION = 2
@@ -563,7 +564,7 @@ class TeamOrchestrator:
             if reply_id in self._sent:
                 # Recorded by a run that died: sent, unless the recipient's inbox lacks it
                 # (what gc collected there was consumed: then it was delivered).
-                if self.bus._delivered(recipient, reply_id, self._sent[reply_id], collected=True):
+                if self.bus.delivered(recipient, reply_id, self._sent[reply_id], collected=True):
                     return None
             else:
                 self._sent[reply_id] = self.bus.store.size(recipient)
@@ -699,7 +700,8 @@ class TeamOrchestrator:
         protocols.check_task_id(task_id)
         # Recorded in the team's task tree too, as a delegation is, so one tree shows
         # everything given out; the agent need not be online yet (it reads it later).
-        _, message = self.bus._give(agent, description, None, None, None, task_id, strict=False)
+        _, message = tasks.give(self.bus, agent, description, None, None, None, task_id,
+                                strict=False)  # fmt: skip
         old = self.progress.get(agent, AgentProgress(agent))
         self.progress[agent] = replace(old, task=task_id, progress=None, plan="")
         self._emit(EventKind.ASSIGNED, agent, f"{task_id}: {description}", message)

@@ -217,6 +217,22 @@ def update_team(
         >>> update_team("demo", config={"max_depth": "4"})        # doctest: +SKIP
     """
     team = load_team(name, home, backend=backend)
+    change_roster(team, member=member, description=description, manager=manager, mode=mode,
+                  config=config)  # fmt: skip
+    return load_team(name, home, backend=backend)
+
+
+def change_roster(
+    team: Team,
+    *,
+    member: str | None = None,
+    description: str | None = None,
+    manager: str | None = None,
+    mode: str | None = None,
+    config: Mapping[str, str] | None = None,
+) -> None:
+    """`update_team` of a team already loaded: check everything, then rewrite the
+    roster atomically through its store."""
     if mode is not None and mode not in MODES:
         raise InvalidName(f"invalid mode {mode!r}: use one of {', '.join(MODES)}")
     if member is not None:
@@ -252,7 +268,6 @@ def update_team(
         return orjson.dumps(data, option=orjson.OPT_INDENT_2)
 
     team.store.update_roster(change)
-    return load_team(name, home, backend=backend)
 
 
 def load_team(

@@ -129,15 +129,16 @@ def test_a_member_who_left_or_timed_out_takes_no_turn(
 
 
 def test_policy_and_rates_apply_to_mentions(buses: dict[str, MessageBus]) -> None:
-    """A mention is contact: a deny rule refuses it (exit 4), a rate limit counts it."""
+    """A mention is contact: a deny rule refuses it (exit 4), a rate limit counts it, and
+    counts a post without mentions too (DESIGN §9.4: everything an agent starts)."""
     from ralph_mail.govern import policy
 
     lead = buses["lead"]
-    rules = {"rules": [{"from": "lead", "to": "c", "permission": "deny"}], "rates": {"lead": 2}}
+    rules = {"rules": [{"from": "lead", "to": "c", "permission": "deny"}], "rates": {"lead": 3}}
     lead.store.save_state(policy.KEY, orjson.dumps(rules))
     with pytest.raises(PermissionDenied):
         lead.channel_post("standup", "@c hi")
-    lead.channel_post("standup", "no mention: no limit")
+    lead.channel_post("standup", "no mention: counted too")
     lead.channel_post("standup", "@a one")
     lead.channel_post("standup", "@b two")
     with pytest.raises(RateLimited):

@@ -102,7 +102,7 @@ def gc(
                 raise MailError(
                     "no team given: pass --team NAME, --all, or set RALPH_TEAM"
                 ) from None
-        from ralph_mail.bus import parse_since
+        from ralph_mail.talk.history import parse_since
 
         drop_before = None if purge_before is None else parse_since(purge_before)
         for name in names:

@@ -17,9 +17,12 @@ decision stands, and a message found in the inbox is not delivered twice.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
+
+if TYPE_CHECKING:
+    from ralph_mail.mailbox import Mailbox
 
 #: The team log of held messages and their decisions.
 LOG: Final = "approvals"
@@ -116,3 +119,72 @@ def fold(log: bytes) -> dict[str, Held]:
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             continue
     return found
+
+
+# -- the approver's and the sender's side, over a mailbox ---------------------------------
+
+
+def waiting(box: Mailbox) -> list[Held]:
+    """`MessageBus.approvals`: the messages held for my approval, undecided, oldest first."""
+    return [h for h in fold(box.store.log_read(LOG)).values()
+            if h.approver == box.agent and h.decision is None]  # fmt: skip
+
+
+def approval_of(box: Mailbox, message_id: str) -> Held | None:
+    """`MessageBus.approval_of`: what became of a held message, or None."""
+    from ralph_mail.message import check_id
+
+    return fold(box.store.log_read(LOG)).get(check_id(message_id, "message id"))
+
+
+def decide(box: Mailbox, message_id: str, approved: bool, reason: str) -> Held:
+    """`MessageBus.approve` / `MessageBus.deny`: carry out my decision on a held
+    message, once, even when run again after a crash."""
+    from ralph_mail.errors import InvalidMessage, MailError, PermissionDenied
+    from ralph_mail.message import BROADCAST_ADDRESS, MessageType
+
+    if not isinstance(reason, str):
+        raise InvalidMessage(f"reason must be a string, not {reason.__class__.__name__}")
+    held = approval_of(box, message_id)
+    if held is None:
+        raise MailError(
+            f"no message {message_id!r} waits for {box.agent}'s approval: see "
+            "'ralph-mail approvals'"
+        )
+    if held.approver != box.agent:
+        raise PermissionDenied(
+            f"message {message_id} waits for {held.approver}'s approval, not {box.agent}'s: "
+            "only its approver decides"
+        )
+    if held.decision is None:
+        target = str(held.envelope["to"])
+        since = 0 if target == BROADCAST_ADDRESS else box.store.size(target)
+        box.store.log_append(LOG, decided(message_id, approved, box.agent, reason, since))
+        held = fold(box.store.log_read(LOG))[message_id]
+    elif held.decision != approved:
+        raise InvalidMessage(
+            f"message {message_id} is already {'approved' if held.decision else 'denied'}"
+        )
+    if not held.done:
+        if held.decision:
+            box.release(held.envelope, held.sender, held.since)
+        verdict = {"approved": "true" if held.decision else "false"}
+        if held.reason_given:
+            verdict["reason"] = held.reason_given
+        box._send(held.sender, MessageType.APPROVAL_RESPONSE,
+                  f"{'approved' if held.decision else 'denied'} by {box.agent}"
+                  + (f": {held.reason_given}" if held.reason_given else ""),
+                  verdict, message_id, None)  # fmt: skip
+        box.store.log_append(LOG, done(message_id))
+        held = fold(box.store.log_read(LOG))[message_id]
+    return held
+
+
+def wait_for_decision(box: Mailbox, message_id: str, since: int, timeout: float) -> bool | None:
+    """`MessageBus.wait_for_decision`: True approved, False denied, None not yet."""
+    from ralph_mail.message import MessageType
+
+    answer = box.await_answer(message_id, since, timeout, MessageType.APPROVAL_RESPONSE)
+    if answer is None:
+        return None
+    return answer.metadata.get("approved") == "true"

@@ -43,6 +43,9 @@ from ralph_mail.errors import InvalidMessage
 from ralph_mail.message import check_name
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ralph_mail.store.base import TeamStore
     from ralph_mail.team import Team
 
 #: The state key the policy is kept under.
@@ -154,6 +157,27 @@ class Policy:
         if per_minute is not None:
             rates[sender] = per_minute
         return Policy(self.rules, rates)
+
+
+def change(store: TeamStore, edit: Callable[[Policy], Policy]) -> Policy:
+    """Replace the policy kept in ``store`` with ``edit(policy)``, with no other change
+    in between; return it. A broken policy is not edited: `InvalidMessage` naming it
+    (remove it, or fix it by hand)."""
+    done: list[Policy] = []
+
+    def apply(raw: bytes | None) -> bytes:
+        try:
+            current = Policy() if raw is None else parse(raw)
+        except InvalidMessage as exc:
+            raise InvalidMessage(
+                f"the team's policy {store.state_where(KEY)} is broken ({exc}): no agent "
+                "may start contact until it is fixed or removed"
+            ) from None
+        done.append(edit(current))
+        return done[-1].to_json()
+
+    store.update_state(KEY, apply)
+    return done[-1]
 
 
 def parse(raw: bytes) -> Policy:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 import orjson
 
@@ -24,6 +25,9 @@ from ralph_mail.errors import InvalidMessage
 from ralph_mail.message import format_ts
 from ralph_mail.store.base import TeamStore
 from ralph_mail.team import Team
+
+if TYPE_CHECKING:
+    from ralph_mail.mailbox import Mailbox
 
 #: What an agent may say it is doing; ``offline`` is only ever inferred.
 STATES = ("idle", "working", "sleeping", "awaiting_approval", "awaiting_delegation")
@@ -155,3 +159,28 @@ def agents(team: Team, me: str, include_self: bool = False) -> list[AgentInfo]:
             )
         )
     return infos
+
+
+# -- one agent's side, over its mailbox ---------------------------------------------------
+
+
+def set_presence(box: Mailbox, state: str, until: str | datetime | None) -> None:
+    """`MessageBus.set_presence`: say what my agent is doing."""
+    stamp = parse_until(until)
+    if check_state(state) == "sleeping" and not stamp:
+        raise InvalidMessage("sleeping needs until: a time or +DURATION such as +15m")
+    now = format_ts(time.time_ns() // 1000)
+    box.store.save_presence(box.agent, record(state, stamp, now))
+    box.touched_now()
+
+
+def require_online(box: Mailbox, agent: str) -> str:
+    """`AgentOffline` unless ``agent`` is online or sleeping (a request wakes it);
+    return the ``until`` of its sleep, or ""."""
+    from ralph_mail.errors import AgentOffline
+
+    state, last_seen, until = presence_of(box.team, agent)
+    if state == "offline":
+        seen = f"last seen {last_seen}" if last_seen else "never seen"
+        raise AgentOffline(f"{agent} is offline ({seen}): start it, or send a note it reads later")
+    return until

@@ -284,24 +284,19 @@ class Channels:
         carried = (*(bus.chain if chain is None else chain), bus.agent)
         depth = settings.team_setting("max_depth", dict(bus.team.config))
         trigger = bool(mentioned) and len(carried) <= depth
-        if trigger:
-            held = bus._govern(mentioned, "contact")
-            if held:
-                raise PermissionDenied(
-                    f"mentioning {', '.join(mentioned)} needs approval ({held}): send them "
-                    "a direct message, which waits for it"
-                )
+        bus.gate.check_post(channel.name, mentioned if trigger else [])
         metadata = {"mentions": ",".join(mentioned)} if mentioned else None
-        envelope = bus._envelope(f"#{channel.name}", MessageType.TEXT, text, metadata,
-                                 reply_to, None)  # fmt: skip
+        envelope = bus.envelope(f"#{channel.name}", MessageType.TEXT, text, metadata, reply_to)
         head, tail = encode_parts(envelope, bus.max_message_bytes)
         envelope["ts"], offset = self._store.append(f"#{channel.name}", head, tail)
         post = from_envelope(envelope)
         for turn, member in enumerate(mentioned if trigger else []):
-            bus._send(member, MessageType.MENTION, text,
-                      {"channel": channel.name, "at": str(offset), "turn": str(turn),
-                       "turns": ",".join(mentioned), "posted": post.ts},
-                      post.id, None, chain=carried)  # fmt: skip
+            # Judged with the post, above: each is delivered as the Gate passed it.
+            mention = bus.envelope(member, MessageType.MENTION, text,
+                                   {"channel": channel.name, "at": str(offset),
+                                    "turn": str(turn), "turns": ",".join(mentioned),
+                                    "posted": post.ts}, post.id, chain=carried)  # fmt: skip
+            bus._deliver(mention)
         return post
 
     def read(self, name: str, *, consume: bool = True) -> list[Message]:

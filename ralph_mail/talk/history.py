@@ -8,12 +8,31 @@ claims an inbox, so anyone in the team can look at any inbox while its owner con
 from __future__ import annotations
 
 import os
+import re
+import time
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
-from ralph_mail.message import BROADCAST_ADDRESS, Message, decode_lines
+from ralph_mail.errors import InvalidMessage
+from ralph_mail.mailbox import ALL, pair_key
+from ralph_mail.message import (
+    BROADCAST_ADDRESS,
+    Message,
+    MessageType,
+    check_id,
+    check_name,
+    check_type,
+    decode_lines,
+    format_ts,
+)
 from ralph_mail.settings import WATCH_SAFETY_POLL_S
 from ralph_mail.store.base import StopEvent
 from ralph_mail.team import load_team
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from ralph_mail.mailbox import Mailbox
 
 
 class History:
@@ -131,3 +150,103 @@ class History:
     def close(self) -> None:
         """Release the descriptors."""
         self._store.close()
+
+
+# -- one agent's conversations and the team's audit trail, over its mailbox --------------
+
+
+def history(box: Mailbox, with_agent: str, limit: int) -> list[Message]:
+    """`MessageBus.history`: the last ``limit`` messages between me and ``with_agent``."""
+    other = box.recipient(with_agent)
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+        raise InvalidMessage(f"invalid limit {limit!r}: give a count >= 0")
+    return box.indexed(pair_key(box.agent, other), limit)
+
+
+def thread(box: Mailbox, thread_id: str) -> list[Message]:
+    """`MessageBus.thread`: every message of a thread, in order, its first one included.
+
+    A plain message that got replies starts a thread without being indexed under it
+    (only requests and assignments are, when sent): it is found among the direct
+    messages of the two agents its first answer was between."""
+    found = box.indexed(f"thread+{check_id(thread_id, 'thread id')}", ALL)
+    if found and all(message.id != thread_id for message in found):
+        answer = next((m for m in found if m.reply_to == thread_id), None)
+        if answer is not None:
+            first = box.find(thread_id, (answer.from_agent, answer.to_agent))
+            if first is not None:
+                found.insert(0, first)
+    return found
+
+
+def search(
+    box: Mailbox,
+    query: str,
+    *,
+    from_agent: str | None,
+    to: str | None,
+    type: MessageType | str | None,
+    thread: str | None,
+    since: str | datetime | None,
+    limit: int,
+) -> list[Message]:
+    """`MessageBus.search`: the team's audit trail, newest first."""
+    from dataclasses import replace
+
+    from ralph_mail.store.base import Query
+
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidMessage(f"invalid limit {limit!r}: give a count >= 1")
+    if not isinstance(query, str):
+        raise InvalidMessage(f"the query must be text, not {query.__class__.__name__}")
+    wanted = Query(
+        query,
+        None if from_agent is None else check_name(from_agent, "agent name"),
+        None if to in (None, BROADCAST_ADDRESS) else check_name(to, "agent name"),
+        None if type is None else str(check_type(type)),
+        None if thread is None else check_id(thread, "thread id"),
+        None if since is None else parse_since(since),
+        limit,
+    )  # fmt: skip
+    if to == BROADCAST_ADDRESS:
+        wanted = replace(wanted, recipient=BROADCAST_ADDRESS)
+    found = decode_lines(box.store.search(wanted))[0]
+    return [message for message in found if isinstance(message, Message)]
+
+
+def purge_archive(box: Mailbox, before: str | datetime) -> dict[str, int]:
+    """`MessageBus.purge_archive`: drop archived messages older than ``before``."""
+    stamp = parse_since(before)
+    starts = {}
+    for agent in box.refresh_team().names:
+        starts[agent] = box.store.purge_archive(agent, stamp, timeout=5.0)
+        box.store.forget_archived(agent, starts[agent])
+    return starts
+
+
+_AGO = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_since(value: str | datetime) -> str:
+    """A ts for ``value``: a datetime, an ISO-8601 time (UTC unless it says), or how
+    long ago (``90s``, ``15m``, ``2h``, ``7d``)."""
+    from datetime import UTC, datetime
+
+    if isinstance(value, str):
+        ago = _AGO.fullmatch(value.strip())
+        if ago:
+            seconds = float(ago.group(1)) * _SECONDS[ago.group(2)]
+            return format_ts(int((time.time() - seconds) * 1_000_000))
+        try:
+            value = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise InvalidMessage(
+                f"invalid time {value!r}: give an ISO-8601 time such as 2026-11-23T10:00 or "
+                "how long ago, such as 15m, 2h or 7d"
+            ) from None
+    if not isinstance(value, datetime):
+        raise InvalidMessage(f"invalid time {value!r}: give a datetime or a string")
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return format_ts(int(value.timestamp() * 1_000_000))

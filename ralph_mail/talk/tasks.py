@@ -14,15 +14,26 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
-from ralph_mail.errors import MailError
+from ralph_mail.errors import InvalidMessage, MailError
+from ralph_mail.message import (
+    Message,
+    MessageType,
+    check_priority,
+    encode_parts,
+    format_ts,
+    from_envelope,
+    new_id,
+)
 
 if TYPE_CHECKING:
+    from ralph_mail.mailbox import Mailbox
     from ralph_mail.store.base import TeamStore
 
 #: The state key of the snapshot `load` keeps, and how many new events make it save one.
@@ -267,3 +278,171 @@ def draw(tasks: dict[str, Task], escape: Callable[[str], str] = str) -> str:
             finished = f"  held until {task.held_until[11:16]} UTC"
         lines.append(f"{head:<{heads}}  {task.assignee:<{names}}  {task.status}{finished}\n")
     return "".join(lines)
+
+
+# -- delegating and finishing, over one agent's mailbox ------------------------------------
+
+#: The team log of the assignments held for a sleeping agent: ``held.AGENT``.
+HELD: Final = "held."
+
+
+def delegate(
+    box: Mailbox,
+    to: str,
+    description: str,
+    *,
+    context: str | None,
+    priority: str | None,
+    parent: str | None,
+    id: str | None,
+    visibility: str | None,
+) -> Task:
+    """`MessageBus.delegate`: record a task and send its assignment."""
+    from ralph_mail.govern import presence
+
+    assignee = box.recipient(to)
+    if assignee == box.agent:
+        raise InvalidMessage(f"{to!r} is delegating to itself: name a teammate")
+    until = presence.require_online(box, assignee)
+    return give(box, assignee, description, context, priority, parent, id, hold=until,
+                visibility=visibility)[0]  # fmt: skip
+
+
+def give(
+    box: Mailbox,
+    assignee: str,
+    description: str,
+    context: str | None,
+    priority: str | None,
+    parent: str | None,
+    id: str | None,
+    *,
+    strict: bool = True,
+    hold: str = "",
+    visibility: str | None = None,
+) -> tuple[Task, Message]:
+    """Record (unless known) and send a task; ``strict=False`` (the lead's assign)
+    lets an existing id be given out again with other words, as a new assignment.
+    With ``hold`` (a ts), the assignment is held for the assignee until then."""
+    from ralph_mail import protocols
+
+    task_id = protocols.check_task_id(id) if id is not None else f"t-{new_id()[:8]}"
+    if priority is not None:
+        check_priority(priority)
+    if parent is not None:
+        protocols.check_task_id(parent)
+    known, _ = load(box.store)
+    task = known.get(task_id)
+    if task is not None and (task.assignee, task.description) != (assignee, description):
+        if strict:
+            raise InvalidMessage(
+                f"task {task_id} already exists (given to {task.assignee}): pick another id"
+            )
+        task = None  # the lead gives the same task id out again: a new assignment
+    metadata = {protocols.TASK_ID: task_id}
+    the_parent = task.parent if task is not None else parent
+    if the_parent:
+        metadata["parent"] = the_parent
+    if context is not None:
+        metadata["context"] = context
+    assignment = task.assignment if task is not None else new_id()
+    envelope = box.envelope(assignee, MessageType.TASK_ASSIGNMENT, description, metadata,
+                            None, assignment, priority=priority,
+                            visibility=visibility)  # fmt: skip
+    encode_parts(envelope, box.max_message_bytes)  # refuses what could never be sent
+    reason = box.gate.check(envelope)  # before the task is recorded: a refusal leaves none
+    if task is None:
+        now = format_ts(time.time_ns() // 1000)
+        task = Task(task_id, description, box.agent, assignee, parent, priority or "normal",
+                    "pending", "", now, now, assignment, held_until=hold)  # fmt: skip
+        box.store.log_append(LOG, created(task))
+    if reason:  # held for approval: once approved, it is delivered at once
+        return task, box.gate.hold(envelope, reason)
+    if not hold:
+        return task, box._deliver(envelope)
+    record = {"held": envelope, "until": hold, "since": box.store.size(assignee)}
+    box.store.log_append(f"{HELD}{assignee}", orjson.dumps(record) + b"\n")
+    return task, from_envelope(envelope)
+
+
+def release_held(box: Mailbox) -> None:
+    """Deliver to my inbox the assignments held while I slept whose hold is over (or
+    all, once I am not sleeping). Only the process consuming my inbox runs this, so
+    no two release one; run again after a crash, it delivers what is not there yet."""
+    from ralph_mail.govern import presence
+
+    log = box.store.log_read(f"{HELD}{box.agent}")
+    if not log:
+        return
+    held: dict[str, dict[str, Any]] = {}
+    for line in log.splitlines():
+        try:
+            record = orjson.loads(line)
+            if "released" in record:
+                held.pop(str(record["released"]), None)
+            else:
+                held[str(record["held"]["id"])] = record
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            continue  # a damaged record: the others are still released
+    if not held:
+        return
+    state, _, _ = presence.presence_of(box.team, box.agent)
+    now = format_ts(time.time_ns() // 1000)
+    for message_id, record in held.items():
+        if state == "sleeping" and str(record.get("until", "")) > now:
+            continue
+        # Where gc collected the inbox since, err on delivering twice (a receiver
+        # that remembers ids handles it once), never on losing the task.
+        if not box.delivered(box.agent, message_id, int(record.get("since", 0))):
+            box._deliver(dict(record["held"]))
+        released = orjson.dumps({"released": message_id}) + b"\n"
+        box.store.log_append(f"{HELD}{box.agent}", released)
+
+
+def finish(box: Mailbox, task_id: str, status: str, result: str) -> Task:
+    """`MessageBus.start` / `complete` / `fail`: record my task's new status and, once
+    finished, send its delegator the ``task_result``, once."""
+    from ralph_mail import protocols
+
+    if not isinstance(result, str):
+        raise InvalidMessage(f"result must be a string, not {result.__class__.__name__}")
+    known, since = load(box.store)
+    task = known.get(protocols.check_task_id(task_id))
+    if task is None:
+        raise MailError(f"no task {task_id!r} in team {box.team.name!r}: see 'ralph-mail tasks'")
+    if task.assignee != box.agent:
+        raise InvalidMessage(
+            f"task {task_id} is {task.assignee}'s, not {box.agent}'s: only the assignee "
+            "starts, completes or fails it"
+        )
+    now = format_ts(time.time_ns() // 1000)
+    if status == "active":
+        if task.status == "pending":
+            box.store.log_append(LOG, changed(task_id, "active", now))
+        return load(box.store)[0][task_id]
+    if task.status in FINISHED and task.status != status:
+        raise InvalidMessage(f"task {task_id} is already {task.status}: it cannot be {status}")
+    if task.status not in FINISHED:
+        # The outcome first, with where the delegator's inbox ends now: a run killed
+        # after this and before the result is sent finds it there and sends it once.
+        since[task_id] = box.store.size(task.delegated_by)
+        box.store.log_append(LOG, changed(task_id, status, now, result, since[task_id]))
+        task = load(box.store)[0][task_id]
+    if not task.notified:
+        result_id = protocols.derived_id(task.assignment, "result")
+        # Looked for in the delegator's audit trail: what gc collected since counts,
+        # so a result consumed and collected is not sent again (each outcome once).
+        if not box.delivered(task.delegated_by, result_id, since.get(task_id, 0),
+                             collected=True, audit=True):  # fmt: skip
+            box._send(task.delegated_by, MessageType.TASK_RESULT, task.result,
+                      {protocols.TASK_ID: task_id, "status": task.status},
+                      task.assignment, result_id, task.assignment)  # fmt: skip
+        box.store.log_append(LOG, notified(task_id))
+        task = load(box.store)[0][task_id]
+    return task
+
+
+def wait_for_result(box: Mailbox, task: Task, timeout: float, since: int) -> Message | None:
+    """`MessageBus.wait_for_result`: block until ``task``'s result is in my inbox."""
+    return box.await_answer(task.assignment, since, timeout, MessageType.TASK_RESULT,
+                            sender=task.assignee)  # fmt: skip

@@ -1,0 +1,309 @@
+"""The Gate: every message any face writes passes `Gate.check` first (DESIGN §7, §9.3a).
+
+It owns, in this order: self-contact (never), the depth of a request's chain, the loop
+guard of a thread, whether an "answer" really answers something, and for everything
+that is not an answer the team's policy (rules, modes, approvals) and rates. Nothing
+else in the package refuses or exempts a message, and a message type never buys an
+exemption by itself:
+
+- a ``reply``, ``ack``, ``shutdown_response`` or ``plan_approval`` answers only a
+  message its sender received from its recipient (of the matching kind for the
+  protocol answers); a ``task_result`` only a ``task_assignment`` its sender received
+  from its recipient; an ``approval_response`` only a message held for its sender's approval,
+  sent by its recipient;
+- anything else of those types is contact the sender starts, judged and counted as such;
+- the team protocols' requests (``status_update``, ``plan_submission``,
+  ``shutdown_request``, ``task_assignment``) between a member and the lead are contact
+  too, with the lead standing as the manager of members that have none: the hierarchy
+  lets them through, and the rates count them.
+
+Governance acts (the policy, the roster's modes and managers, deleting the team) are the
+lead's: `Gate.require_lead`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Final
+
+from ralph_mail import settings
+from ralph_mail.errors import (
+    DepthLimit,
+    InvalidMessage,
+    LoopGuard,
+    MailError,
+    PermissionDenied,
+    RateLimited,
+)
+from ralph_mail.govern.policy import KEY as POLICY_KEY
+from ralph_mail.govern.policy import RATE_WINDOW_S, Decision, Policy
+from ralph_mail.message import BROADCAST_ADDRESS, Message, MessageType, format_ts, from_envelope
+
+if TYPE_CHECKING:
+    from ralph_mail.mailbox import Mailbox
+
+_NO_POLICY: Final = Policy()  # no policy saved: everything is allowed
+#: The team protocols' requests, let through between a member and the lead.
+PROTOCOL_REQUESTS: Final = frozenset({
+    MessageType.STATUS_UPDATE, MessageType.PLAN_SUBMISSION, MessageType.SHUTDOWN_REQUEST,
+    MessageType.TASK_ASSIGNMENT,
+})  # fmt: skip
+#: What each protocol answer answers.
+_ANSWERS: Final = {
+    MessageType.SHUTDOWN_RESPONSE: MessageType.SHUTDOWN_REQUEST,
+    MessageType.PLAN_APPROVAL: MessageType.PLAN_SUBMISSION,
+    MessageType.TASK_RESULT: MessageType.TASK_ASSIGNMENT,
+}
+#: How many of a pair's last messages an ack or a protocol answer is looked for in first.
+_RECENT: Final = 64
+
+
+class Gate:
+    """The one place a message from ``box``'s agent is judged before it is written.
+
+    Args:
+        box: the mailbox whose agent sends.
+        default_rate: messages per minute the agent may start when the policy sets no
+            rate for it (``ralph-mail run`` and the MCP server pass 10).
+    """
+
+    def __init__(self, box: Mailbox, default_rate: int | None) -> None:
+        self._box = box
+        if default_rate is not None:
+            from ralph_mail.govern.policy import check_rate
+
+            check_rate(default_rate)
+        self.default_rate = default_rate
+
+        self._policy: tuple[tuple[int, ...] | None, Policy | str] = (None, _NO_POLICY)
+        # What the policy decided for (recipient, check, protocol), for this policy and roster.
+        self._decisions: dict[tuple[str, str, bool], Decision] = {}
+        self._decisions_team: object = None
+        self._rate_key = f"rate.{box.agent}"
+
+    # -- the policy ---------------------------------------------------------------------
+
+    def policy(self) -> Policy:
+        """The team's policy now (read again only when it changed).
+
+        A policy that cannot be read or parsed, the empty file included, raises
+        `PermissionDenied` naming it: it fails closed.
+        """
+        store = self._box.store
+        version = store.state_version(POLICY_KEY)
+        cached_version, cached = self._policy
+        if version != cached_version or (version is None and cached is not _NO_POLICY):
+            cached = _NO_POLICY if version is None else self._read_policy()
+            self._policy = (version, cached)
+            self._decisions.clear()
+        if isinstance(cached, str):
+            raise PermissionDenied(cached)
+        return cached
+
+    def _read_policy(self) -> Policy | str:
+        from ralph_mail.govern import policy
+
+        store = self._box.store
+        where = store.state_where(POLICY_KEY)
+        try:
+            raw = store.load_state(POLICY_KEY)
+            if raw is None:
+                return _NO_POLICY
+            return policy.parse(raw)
+        except MailError as exc:
+            return (
+                f"the team's policy {where} is broken ({exc}): fix it or remove it; until "
+                "then no agent may start contact"
+            )
+
+    def require_lead(self, act: str) -> None:
+        """`PermissionDenied` unless my agent is the team's lead: ``act`` (a change of the
+        rules, of the roster's modes and managers) is the lead's alone."""
+        lead = self._box.refresh_team().lead
+        if self._box.agent != lead:
+            raise PermissionDenied(
+                f"{act} is the lead's to do, and {self._box.agent} is not the lead of team "
+                f"{self._box.team.name!r}: run it as {lead} (--agent {lead})"
+            )
+
+    # -- the check ------------------------------------------------------------------------
+
+    def check(
+        self,
+        envelope: dict[str, object],
+        *,
+        in_thread: list[Message] | None = None,
+        waits: bool = False,
+    ) -> str:
+        """Judge ``envelope`` (from my agent, not yet written): raise when it is refused
+        (`InvalidMessage`, `DepthLimit`, `LoopGuard`, `AgentOffline`, `PermissionDenied`,
+        `RateLimited`), return why it is held for approval, or "" to deliver it.
+        ``in_thread``: the thread's messages, when the caller has just read them;
+        ``waits``: the sender waits for the answer (an ask), so the recipient must be
+        there (online, or sleeping: a request wakes it)."""
+        box = self._box
+        sender, to, kind = box.agent, str(envelope["to"]), str(envelope["type"])
+        if to == sender:
+            doing = "asking" if kind == MessageType.REQUEST else "sending to"
+            raise InvalidMessage(f"{sender!r} is {doing} itself: name a teammate")
+        chain = envelope.get("chain")
+        if kind == MessageType.REQUEST and isinstance(chain, list):
+            depth = settings.team_setting("max_depth", dict(box.team.config))
+            if len(chain) > depth:
+                raise DepthLimit(
+                    f"maximum agent communication depth ({depth}) reached: delegate instead "
+                    f"of asking (chain: {' -> '.join(chain)} -> {to})"
+                )
+        if "thread" in envelope:
+            self._loop_guard(str(envelope["thread"]), envelope.get("visibility"), in_thread)
+        if waits:  # an ask waits for its answer: not from an agent that is not there
+            from ralph_mail.govern import presence
+
+            presence.require_online(box, to)
+        if to == BROADCAST_ADDRESS:
+            recipients = [name for name in box.refresh_team().names if name != sender]
+            return self._govern(recipients, "contact", False)
+        answer = self._answers(envelope, in_thread)
+        if answer == "answer":
+            return ""
+        protocol = kind in PROTOCOL_REQUESTS and box.team.lead in (sender, to)
+        return self._govern([to], answer or "contact", protocol)
+
+    def check_post(self, channel: str, mentioned: list[str]) -> None:
+        """Judge a post in ``channel`` that mentions ``mentioned`` (each gets a
+        ``mention``, contact my agent starts): one message counted against my rate, and
+        each mention judged as contact; a mention the policy would hold is refused."""
+        held = self._govern(mentioned, "contact", False) if mentioned else ""
+        if not mentioned:
+            self._count()
+        if held:
+            raise PermissionDenied(
+                f"mentioning {', '.join(mentioned)} needs approval ({held}): send them "
+                "a direct message, which waits for it"
+            )
+
+    def _answers(self, envelope: dict[str, object], in_thread: list[Message] | None) -> str:
+        """ "answer" when ``envelope`` answers something its sender received (never held),
+        "reply" for a reply to a message received (held only in strict mode), "" when
+        it answers nothing: contact."""
+        kind = envelope["type"]
+        answered = envelope.get("reply_to")
+        if not isinstance(answered, str) or kind not in _ANSWER_TYPES:
+            return ""
+        box = self._box
+        sender, to = box.agent, str(envelope["to"])
+        if kind == MessageType.APPROVAL_RESPONSE:
+            from ralph_mail.govern import approvals
+
+            held = approvals.fold(box.store.log_read(approvals.LOG)).get(answered)
+            ok = held is not None and held.approver == sender and held.sender == to
+            return "answer" if ok else ""
+        original = None
+        if in_thread is not None:
+            original = next((m for m in in_thread if m.id == answered), None)
+        if original is None:
+            original = box.find(answered, (sender, to), str(envelope.get("thread", "")))
+        if original is None or (original.from_agent, original.to_agent) != (to, sender):
+            return ""
+        if kind in _ANSWERS and original.type != _ANSWERS[kind]:  # type: ignore[index]
+            return ""
+        return "reply" if kind == MessageType.REPLY else "answer"
+
+    def _govern(self, recipients: list[str], check: str, protocol: bool) -> str:
+        """Apply the policy to a message from me to ``recipients``: raise
+        `PermissionDenied` or `RateLimited`, or return why it is held ("" to deliver)."""
+        try:
+            policy = self.policy()
+        except PermissionDenied:
+            if not protocol:
+                raise
+            policy = _NO_POLICY  # the hierarchy needs no rule: a broken one stops no protocol
+        box = self._box
+        if policy is _NO_POLICY and self.default_rate is None and box.me().mode == "autonomous":
+            return ""  # no rule, no rate, no mode: nothing to decide
+        if self._decisions_team is not box.team:  # the roster changed: modes, managers
+            self._decisions.clear()
+            self._decisions_team = box.team
+        held = ""
+        for recipient in recipients:
+            decision = self._decisions.get((recipient, check, protocol))
+            if decision is None:
+                if protocol:  # between a member and the lead: the hierarchy lets it through
+                    decision = Decision("allow", "")
+                else:
+                    decision = policy.decide(box.team, box.agent, recipient,
+                                             reply=check == "reply")  # fmt: skip
+                self._decisions[recipient, check, protocol] = decision
+            if decision.verdict == "deny":
+                raise PermissionDenied(
+                    f"{decision.reason}: ask the team's lead to change the policy "
+                    "('ralph-mail policy show')"
+                )
+            if decision.verdict == "hold" and not held:
+                held = decision.reason
+        if check == "contact":
+            self._count(policy)
+        return held
+
+    def _count(self, policy: Policy | None = None) -> None:
+        """Count one message my agent starts against its rate; `RateLimited` over it."""
+        policy = self.policy() if policy is None else policy
+        if policy is _NO_POLICY and self.default_rate is None:
+            return
+        rate = policy.rate_of(self._box.agent) or self.default_rate
+        if rate is None:
+            return
+        wait = self._box.store.take(self._rate_key, rate, RATE_WINDOW_S)
+        if wait > 0:
+            raise RateLimited(
+                f"{self._box.agent} started {rate} messages in the last minute, its limit: "
+                f"retry in {max(wait, 0.1):.1f} s"
+            )
+
+    def _loop_guard(
+        self, thread: str, visibility: object, in_thread: list[Message] | None = None
+    ) -> None:
+        """`LoopGuard` when the thread's last messages are all internal, as many as the
+        team's ``max_internal_exchanges``, and this one is internal too."""
+        if visibility == "user_visible":
+            return
+        box = self._box
+        limit = settings.team_setting("max_internal_exchanges", dict(box.team.config))
+        if limit == 0:
+            return
+        if in_thread is None:
+            in_thread = box.indexed(f"thread+{thread}", limit)
+        recent = in_thread[-limit:]
+        if len(recent) >= limit and all(m.visibility != "user_visible" for m in recent):
+            raise LoopGuard(
+                f"thread {thread} carried {limit} internal messages in a row: stop and "
+                "answer the user (--visibility user_visible), or start a new thread"
+            )
+
+    # -- holding --------------------------------------------------------------------------
+
+    def hold(self, envelope: dict[str, object], reason: str) -> Message:
+        """Keep a message for approval, and ask my approver (my manager, else the lead):
+        the ``approval_request`` is the Gate's own message, written as it is."""
+        from ralph_mail.govern import approvals
+
+        box = self._box
+        approver = box.me().manager or box.team.lead
+        record = approvals.held(envelope, approver, reason, format_ts(time.time_ns() // 1000))
+        box.store.log_append(approvals.LOG, record)
+        message = from_envelope(envelope)
+        if approver != box.agent:
+            first = message.content.partition("\n")[0]
+            request = box.envelope(approver, MessageType.APPROVAL_REQUEST,
+                                   f"{box.agent} wants to send {message.to_agent} a "
+                                   f"{message.type}: {first}",
+                                   {"held": message.id, "from": box.agent,
+                                    "to": message.to_agent, "type": str(message.type),
+                                    "reason": reason})  # fmt: skip
+            box._deliver(request)
+        return message
+
+
+_ANSWER_TYPES: Final = frozenset({
+    MessageType.REPLY, MessageType.ACK, MessageType.APPROVAL_RESPONSE, *_ANSWERS,
+})  # fmt: skip

@@ -1,0 +1,826 @@
+"""`Mailbox`: the core of one agent's view of its team: write, read, wait.
+
+Every message this package writes goes through `Mailbox._send` (one recipient) or
+`Mailbox.broadcast` (all), and both ask the team's `Gate` first: nothing else appends to
+an inbox. The rooms above it (``talk/``, ``govern/``) and `MessageBus` build on these
+few methods; only the storage seam (`ralph_mail.store.base`) is below.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import os
+import threading
+import time
+import warnings
+from collections import deque
+from collections.abc import Callable, Mapping
+from itertools import accumulate, repeat
+from types import TracebackType
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+import orjson
+
+from ralph_mail import settings
+from ralph_mail.errors import (
+    BroadcastError,
+    InboxBusy,
+    InvalidMessage,
+    LockTimeout,
+    MailError,
+    UnknownAgent,
+)
+from ralph_mail.message import (
+    BROADCAST_ADDRESS,
+    TS_PLACEHOLDER,
+    Message,
+    MessageType,
+    check_chain,
+    check_id,
+    check_metadata,
+    check_name,
+    check_priority,
+    check_type,
+    check_visibility,
+    decode_lines,
+    encode_parts,
+    format_ts,
+    from_envelope,
+    new_id,
+)
+from ralph_mail.settings import WATCH_SAFETY_POLL_S
+from ralph_mail.store.base import Cursor, StopEvent, TeamStore, Waiter
+from ralph_mail.team import Member, Team, load_team, parse_roster
+
+if TYPE_CHECKING:
+    from typing import Self
+
+_T = TypeVar("_T")
+
+#: Above this many lines a read runs with the cyclic GC paused: it is 3.5x faster on big
+#: backlogs, where the GC would otherwise rescan every new message (MEASUREMENTS.md §4).
+_GC_PAUSE_LINES = 2000
+#: How often one mailbox notes its agent as active (s); see ralph_mail.govern.presence.
+_TOUCH_EVERY_S = 1.0
+#: Types that start a thread of their own, indexed under their id for `thread`; the
+#: protocol requests among them, so that the Gate finds what an answer answers.
+THREAD_STARTERS = frozenset({
+    MessageType.REQUEST, MessageType.TASK_ASSIGNMENT, MessageType.SHUTDOWN_REQUEST,
+    MessageType.PLAN_SUBMISSION,
+})  # fmt: skip
+#: Everything, for an index read: `indexed` returns O(what the index holds).
+ALL = 1 << 62
+
+
+class Judge(Protocol):
+    """What a mailbox asks before every write: the Gate (`ralph_mail.govern.gate.Gate`)."""
+
+    def check(
+        self,
+        envelope: dict[str, object],
+        *,
+        in_thread: list[Message] | None = None,
+        waits: bool = False,
+    ) -> str:
+        """Raise when ``envelope`` is refused; return why it is held, or "" to deliver it."""
+
+    def hold(self, envelope: dict[str, object], reason: str) -> Message:
+        """Keep ``envelope`` for approval; return it undelivered (no ``ts``)."""
+
+
+def pair_key(a: str, b: str) -> str:
+    """The index of the direct messages between ``a`` and ``b``, both directions."""
+    return "pair+" + "+".join(sorted((a, b)))
+
+
+class Mailbox:
+    """One agent of one team: write to teammates through the Gate, consume its own inbox.
+
+    Sends are appended under the recipient's inbox lock; reads start from the agent's
+    persisted cursor, so only new messages are read, and waits block on file events.
+    `MessageBus` is the public face of it, and gives it its Gate: ``gate`` makes the
+    `Judge` every write of this mailbox asks; the other arguments are `MessageBus`'s.
+    """
+
+    def __init__(
+        self,
+        team: str,
+        agent: str,
+        home: str | os.PathLike[str] | None = None,
+        *,
+        gate: Callable[[Mailbox], Judge],
+        durable: bool | None = None,
+        max_message_bytes: int | None = None,
+        backend: str | None = None,
+    ) -> None:
+        self.agent = check_name(agent, "agent name")
+        self._team = load_team(team, home, backend=backend)
+        self._team.member(agent)
+        self._members = frozenset(self._team.names)
+        self._store = self._team.store
+        self._store.durable = settings.durable(durable)
+        self.max_message_bytes = settings.max_message_bytes(max_message_bytes)
+        self._gc_auto = settings.gc_auto_bytes()
+        self._compact_due = False
+        self._cursor: Cursor | None = None
+        self._scanned = 0  # logical offset up to which _pending is complete
+        # Unconsumed (line start, message), oldest first: a deque, so that committing
+        # message after message (the lead catching up) costs O(1) each, not O(pending).
+        self._pending: deque[tuple[int, Message]] = deque()
+        self._watcher: Waiter | None = None
+        # Consuming, one thread at a time: asks from several threads, an MCP server's tools.
+        self._lock = threading.RLock()
+        self._ask_local = threading.local()  # each asking thread's waiter
+        self._ask_waiters: list[Waiter] = []
+        #: Requests this process asks now, each waiting for its own reply: a `poll` in
+        #: another thread (an MCP server's check_inbox) leaves their replies to them.
+        self.asking: set[str] = set()
+        self._touched = -_TOUCH_EVERY_S  # when this mailbox last noted its agent as active
+        self._myself: tuple[Team, Member] | None = None
+        self._on_read: list[Callable[[], None]] = []
+        #: The agents the request this process handles passed through (``RALPH_CHAIN``):
+        #: a request this mailbox sends carries it on, plus me.
+        try:
+            self.chain = check_chain(os.environ.get("RALPH_CHAIN", ""))
+        except MailError as exc:
+            raise InvalidMessage(f"RALPH_CHAIN: {exc}") from None
+        #: The one Gate every message this mailbox writes passes.
+        self.gate = gate(self)
+
+    # -- who ----------------------------------------------------------------------------
+
+    @property
+    def team(self) -> Team:
+        """The team's roster, as loaded (see `refresh_team`)."""
+        return self._team
+
+    @property
+    def store(self) -> TeamStore:
+        """The team's storage (the seam every backend implements)."""
+        return self._store
+
+    @property
+    def durable(self) -> bool:
+        """Whether each send is fsynced before it returns."""
+        return self._store.durable
+
+    def refresh_team(self) -> Team:
+        """Reload the roster from the store."""
+        self._team = parse_roster(
+            self._store.roster(), self._team.home, self._team.name, self._store
+        )
+        self._members = frozenset(self._team.names)
+        return self._team
+
+    def me(self) -> Member:
+        """My roster entry (looked up once per roster)."""
+        if self._myself is None or self._myself[0] is not self._team:
+            self._myself = (self._team, self._team.member(self.agent))
+        return self._myself[1]
+
+    def recipient(self, to: str) -> str:
+        """``to`` if it names a member (the roster read again when it does not yet);
+        `UnknownAgent` naming the members otherwise."""
+        if to in self._members:
+            return to
+        if to == BROADCAST_ADDRESS:
+            raise InvalidMessage("'*' is the broadcast address: use broadcast() to reach everyone")
+        check_name(to, "recipient")
+        if to in self.refresh_team().names:
+            return to
+        self._team.member(to)  # raises UnknownAgent naming the members
+        raise UnknownAgent(to)  # pragma: no cover - member() raised
+
+    # -- writing --------------------------------------------------------------------------
+
+    def envelope(
+        self,
+        to: str,
+        type: MessageType | str,
+        content: str,
+        metadata: Mapping[str, str] | None,
+        reply_to: str | None = None,
+        id: str | None = None,
+        *,
+        thread: str | None = None,
+        priority: str | None = None,
+        ack: bool = False,
+        visibility: str | None = None,
+        chain: tuple[str, ...] = (),
+    ) -> dict[str, object]:
+        """A checked envelope from me to ``to``, with no ``ts`` yet; the optional keys
+        only where they differ from their defaults."""
+        if not isinstance(content, str):
+            raise InvalidMessage(
+                f"content must be a string, not {content.__class__.__name__}: convert it with str()"
+            )
+        envelope: dict[str, object] = {
+            "id": new_id() if id is None else check_id(id),
+            "from": self.agent,
+            "to": to,
+            "type": str(check_type(type)),
+            "content": content,
+            "metadata": check_metadata(metadata),
+        }
+        if reply_to is not None:
+            envelope["reply_to"] = check_id(reply_to, "reply_to")
+        if thread is not None and check_id(thread, "thread") != envelope["id"]:
+            envelope["thread"] = thread
+        if priority is not None and check_priority(priority) != "normal":
+            envelope["priority"] = priority
+        if ack is True:
+            envelope["ack"] = True
+        elif ack is not False:
+            raise InvalidMessage(f"invalid ack {ack!r}: pass True or False")
+        if visibility is not None and check_visibility(visibility) != "internal":
+            envelope["visibility"] = visibility
+        if chain:
+            envelope["chain"] = list(chain)
+        envelope["ts"] = ""
+        return envelope
+
+    def _send(
+        self,
+        to: str,
+        type: MessageType | str,
+        content: str,
+        metadata: Mapping[str, str] | None,
+        reply_to: str | None,
+        id: str | None,
+        thread: str | None = None,
+        priority: str | None = None,
+        ack: bool = False,
+        visibility: str | None = None,
+        chain: tuple[str, ...] = (),
+        *,
+        in_thread: list[Message] | None = None,
+    ) -> Message:
+        """Write one message through the Gate. A message the Gate holds for approval is
+        returned undelivered, with no ``ts``. ``in_thread``: the thread's messages, when
+        the caller has just read them."""
+        envelope = self.envelope(self.recipient(to), type, content, metadata, reply_to, id,
+                                 thread=thread, priority=priority, ack=ack,
+                                 visibility=visibility, chain=chain)  # fmt: skip
+        return self.write(envelope, in_thread=in_thread)
+
+    def write(
+        self,
+        envelope: dict[str, object],
+        *,
+        in_thread: list[Message] | None = None,
+        waits: bool = False,
+    ) -> Message:
+        """Deliver ``envelope`` (from `envelope`) if the Gate lets it through, or hold it
+        for approval (returned with no ``ts``) if the Gate says so. ``waits``: the
+        sender will wait for its answer (see `Gate.check`)."""
+        held = self.gate.check(envelope, in_thread=in_thread, waits=waits)
+        if held:
+            return self.gate.hold(envelope, held)
+        return self._deliver(envelope)
+
+    def _deliver(self, envelope: dict[str, object]) -> Message:
+        """Append an envelope the Gate passed to its recipient's inbox, and index it."""
+        head, tail = encode_parts(envelope, self.max_message_bytes)
+        envelope["ts"], offset = self._store.append(str(envelope["to"]), head, tail)
+        self.touch()
+        message = from_envelope(envelope)
+        self._index(message, offset, len(head) + len(TS_PLACEHOLDER) + len(tail))
+        return message
+
+    def _index(self, message: Message, offset: int, length: int) -> None:
+        """Note where a direct message is, for `history`, `thread` and the Gate.
+
+        After the append, not under its lock: a process killed in between, or an index
+        that cannot be written, leaves the message delivered but missing from history
+        (never the other way round).
+        """
+        recipient = message.to_agent
+        try:
+            self._store.index_add(pair_key(self.agent, recipient), recipient, offset, length)
+            if message.thread != message.id or message.type in THREAD_STARTERS:
+                self._store.index_add(f"thread+{message.thread}", recipient, offset, length)
+            if message.ack:  # for pending_acks: what I asked to be acknowledged
+                self._store.index_add(f"acks+{self.agent}", recipient, offset, length)
+            if message.type == MessageType.ACK:  # and what answered it, for its sender
+                self._store.index_add(f"acked+{recipient}", recipient, offset, length)
+        except MailError as exc:  # the message is delivered: a send that returned stays so
+            warnings.warn(f"{exc}; message {message.id} is missing from history",
+                          RuntimeWarning, stacklevel=4)  # fmt: skip
+
+    def broadcast(
+        self,
+        content: str,
+        metadata: Mapping[str, str] | None = None,
+        *,
+        type: MessageType | str = MessageType.BROADCAST,
+        id: str | None = None,
+        priority: str | None = None,
+        ack: bool = False,
+        visibility: str | None = None,
+    ) -> Message:
+        """Append one message (one id) to every member's inbox but the sender's.
+
+        Each inbox gets the line with the ts taken under its own lock; the message
+        returned carries the last of them. If an inbox cannot be written, `BroadcastError`
+        names the inboxes that did and did not receive it.
+        """
+        envelope = self.envelope(BROADCAST_ADDRESS, type, content, metadata, None, id,
+                                 priority=priority, ack=ack, visibility=visibility)  # fmt: skip
+        head, tail = encode_parts(envelope, self.max_message_bytes)
+        held = self.gate.check(envelope)
+        if held:
+            return self.gate.hold(envelope, held)
+        self.touch()
+        delivered: list[str] = []
+        failed: list[str] = []
+        reason = ""
+        for member in self.refresh_team().names:
+            if member == self.agent:
+                continue
+            try:
+                envelope["ts"], _ = self._store.append(member, head, tail)
+            except MailError as exc:
+                failed.append(member)
+                reason = str(exc)
+            else:
+                delivered.append(member)
+        if failed:
+            raise BroadcastError(
+                f"broadcast {envelope['id']} reached {', '.join(delivered) or 'no inbox'} "
+                f"but not {', '.join(failed)}: {reason}",
+                delivered,
+                failed,
+            )
+        return from_envelope(envelope)
+
+    def release(self, envelope: dict[str, object], sender: str, since: int) -> None:
+        """Deliver a message the Gate held, once approved: unchanged, same id, to the
+        inboxes that lack it (from logical offset ``since`` on)."""
+        if envelope["to"] != BROADCAST_ADDRESS:
+            if not self.delivered(str(envelope["to"]), str(envelope["id"]), since):
+                self._deliver(dict(envelope))
+            return
+        head, tail = encode_parts(dict(envelope), self.max_message_bytes)
+        for member in self.refresh_team().names:
+            if member != sender and not self.delivered(member, str(envelope["id"]), since):
+                self._store.append(member, head, tail)
+
+    # -- looking things up ------------------------------------------------------------------
+
+    def indexed(self, key: str, limit: int) -> list[Message]:
+        """The last ``limit`` messages of index ``key`` (a pair, a thread), oldest first."""
+        found: list[Message] = []
+        for agent, offset, length in self._store.index_tail(key, limit):
+            line = self._store.read_line(agent, offset, length)
+            if line is None:
+                continue  # collected by gc
+            message = decode_lines([line])[0][0]
+            if isinstance(message, Message):
+                found.append(message)
+        # Entries are written just after their message, so two senders racing can note
+        # them out of order; the timestamps, taken under each inbox's lock, cannot.
+        found.sort(key=lambda message: message.ts)
+        return found
+
+    def find(self, message_id: str, between: tuple[str, str], thread: str = "") -> Message | None:
+        """The direct message ``message_id`` between the two agents ``between`` (in its
+        thread's index when it has one, else in the pair's), or None."""
+        if thread:
+            for message in self.indexed(f"thread+{thread}", ALL):
+                if message.id == message_id:
+                    return message
+        for message in reversed(self.indexed(pair_key(*between), ALL)):
+            if message.id == message_id:
+                return message
+        return None
+
+    def delivered(
+        self,
+        agent: str,
+        message_id: str,
+        since: int,
+        *,
+        collected: bool = False,
+        audit: bool = False,
+    ) -> bool:
+        """Whether a line with ``message_id`` is in ``agent``'s inbox from ``since`` on
+        (with ``audit``: in its audit trail, what gc archived included).
+
+        When that part is no longer kept (gc collected it; with ``audit``, a purge), the
+        answer is ``collected``: the caller says which way to err.
+        """
+        needle = b'"id":"' + message_id.encode() + b'"'
+        offset = since
+        while True:
+            if audit:
+                data, start = self._store.read_audit(agent, offset)
+            else:
+                data, start = self._store.read(agent, offset, skip_collected=True)
+            if start > offset:
+                return collected
+            offset = start
+            if not data:
+                return False
+            if needle in data:
+                return True
+            offset += len(data)
+
+    # -- presence -------------------------------------------------------------------------
+
+    def touch(self) -> bool:
+        """Note that my agent is active (at most once a second per mailbox: cheap in a
+        loop); return whether it did."""
+        now = time.monotonic()
+        if now - self._touched < _TOUCH_EVERY_S:
+            return False
+        self._touched = now
+        try:
+            raw = self._store.load_presence(self.agent)
+            record = orjson.loads(raw) if raw else {}
+            record["last_seen"] = format_ts(time.time_ns() // 1000)
+            self._store.save_presence(self.agent, orjson.dumps(record))
+        except (MailError, ValueError) as exc:  # presence is a hint: never stop mail for it
+            warnings.warn(f"cannot note {self.agent!r} as active: {exc}", RuntimeWarning,
+                          stacklevel=3)  # fmt: skip
+        return True
+
+    def touched_now(self) -> None:
+        """Note that presence was just saved (no second save within the second)."""
+        self._touched = time.monotonic()
+
+    def on_read(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` before a read, at most once a second (the rooms' deferred work:
+        assignments held for a sleeping agent)."""
+        self._on_read.append(hook)
+
+    # -- reading ------------------------------------------------------------------------
+
+    def _load(self) -> Cursor:
+        if self._cursor is None:
+            self._store.claim(self.agent)  # one consumer per inbox: InboxBusy otherwise
+            self._cursor = self._store.load_cursor(self.agent)
+            self._scanned = self._cursor.floor
+            self._pending = deque()
+        return self._cursor
+
+    def reading_from(self) -> int:
+        """Where an answer to what I send now can be: where this mailbox stopped
+        reading my inbox (no round trip), or else its end."""
+        return self._scanned if self._cursor is not None else self._store.size(self.agent)
+
+    def _refresh(
+        self, starts: bool = True, until: Message | None = None
+    ) -> deque[tuple[int, Message]]:
+        """Read what arrived since the last read into the pending list; return it.
+
+        With ``starts=False`` (`poll`, which consumes everything it reads) clean lines get
+        no line offsets: computing them is a third of the cost of a read. ``until``: stop
+        reading once that message is pending (the rest is read next time). A call that
+        raises (an interrupt, an I/O error) forgets what it read, so nothing half-read is
+        kept: the next call reads again from the cursor on disk.
+        """
+        try:
+            if self._compact_due:
+                self._compact()
+            cursor = self._load()
+            if self.touch():
+                for hook in self._on_read:
+                    hook()
+            while True:
+                data, offset = self._store.read(self.agent, self._scanned)
+                if offset < self._scanned:
+                    cursor = self._restart(offset)
+                if not data:
+                    return self._pending
+                before = len(self._pending)
+                self._take_lines(cursor, data, offset, starts)
+                if until is not None and any(
+                    (m.id, m.ts) == (until.id, until.ts)
+                    for _, m in itertools.islice(
+                        reversed(self._pending), len(self._pending) - before
+                    )
+                ):
+                    return self._pending
+        except BaseException:
+            self._cursor = None
+            raise
+
+    def _restart(self, offset: int) -> Cursor:
+        # The inbox was replaced by a new one (the team re-created, a file put in place):
+        # what was read of the old one stays pending, consumed at the new one's start.
+        self._pending = deque((offset, message) for _, message in self._pending)
+        self._cursor = Cursor(offset)
+        self._scanned = offset
+        return self._cursor
+
+    def _take_lines(self, cursor: Cursor, data: bytes, offset: int, starts: bool) -> None:
+        lines = data.split(b"\n")
+        lines.pop()
+        paused = len(lines) > _GC_PAUSE_LINES and gc.isenabled()
+        if paused:
+            gc.disable()
+        try:
+            messages, clean = decode_lines(lines)
+            if clean and not cursor.acked and not starts:
+                self._pending.extend(zip(repeat(-1), messages))  # type: ignore[arg-type]
+                self._scanned = offset + len(data)
+                return
+            offsets = list(accumulate([len(line) + 1 for line in lines], initial=offset))
+            scanned = offsets.pop()
+            if clean and not cursor.acked:
+                self._pending.extend(zip(offsets, messages, strict=True))  # type: ignore[arg-type]
+                self._scanned = scanned
+                return
+            for start, line, message in zip(offsets, lines, messages, strict=True):
+                if isinstance(message, Message):
+                    if start not in cursor.acked:
+                        self._pending.append((start, message))
+                elif line.strip():
+                    self._set_aside(start, line, message)
+            self._scanned = scanned
+        finally:
+            if paused:
+                gc.enable()
+
+    def _set_aside(self, start: int, line: bytes, reason: str) -> None:
+        try:
+            self._store.dead_letter(self.agent, start, line, reason)
+        except MailError as exc:
+            # The line stays in the inbox, where it is (it is skipped, not lost); a full disk
+            # must not stop the good lines behind it.
+            warnings.warn(
+                f"{exc}; skipping the bad line at offset {start}", RuntimeWarning, stacklevel=5
+            )
+
+    def _save(self, floor: int, acked: int = -1) -> None:
+        # The caller changes memory only once the cursor is on disk: a failed save
+        # consumes nothing.
+        cursor = self._load()
+        marks = cursor.acked | {acked} if acked >= 0 else cursor.acked
+        saved = Cursor(floor, {start for start in marks if start >= floor})
+        self._store.save_cursor(self.agent, saved)
+        self._cursor = saved
+        if self._gc_auto and self._store.collectable(self.agent, floor) >= self._gc_auto:
+            # Not now: a compaction interrupted here would make a call that has consumed
+            # raise. The next read runs it, before it reads anything.
+            self._compact_due = True
+
+    def _compact(self) -> None:
+        # Only an optimisation: when it fails (no room for the copy, a sender holding the
+        # lock) the inbox stays as it was.
+        self._compact_due = False
+        try:
+            self._store.compact(self.agent)
+        except LockTimeout:
+            pass
+        except MailError as exc:
+            message = f"could not compact the inbox of {self.agent!r}: {exc}"
+            warnings.warn(message, RuntimeWarning, stacklevel=5)
+
+    def _others(self, pending: deque[tuple[int, Message]]) -> list[Message]:
+        """The pending messages but the replies my asks in flight wait for."""
+        if not self.asking:
+            return [message for _, message in pending]
+        return [m for _, m in pending if m.reply_to not in self.asking or m.type != "reply"]
+
+    def peek(self) -> list[Message]:
+        """The unconsumed messages of my inbox, oldest first, without consuming them.
+
+        Follow with `commit` once they are handled, for at-least-once delivery.
+        """
+        with self._lock:
+            return self._others(self._refresh())
+
+    def poll(self) -> list[Message]:
+        """Consume and return the unconsumed messages of my inbox, oldest first.
+
+        A poll that raises consumes nothing. The reply an ask of this process waits for
+        (in another thread) is left to that ask.
+        """
+        with self._lock:
+            if self.asking:
+                return self._poll_around_asks()
+            messages = [message for _, message in self._refresh(starts=False)]
+            if messages or self._scanned != self._load().floor:
+                try:
+                    self._save(self._scanned)
+                except BaseException:
+                    self._cursor = None  # re-read from the cursor on disk: nothing consumed
+                    raise
+                self._pending.clear()
+            return messages
+
+    def _poll_around_asks(self) -> list[Message]:
+        taken = self._others(self._refresh())
+        for message in taken:
+            self.consume(message)
+        return taken
+
+    def commit(self, message: Message) -> None:
+        """Consume every message up to and including ``message`` (one `peek` returned).
+
+        A process that crashes between `peek` and `commit` gets the messages again.
+        Committing the messages of a peek one by one, in order, costs O(1) each.
+        """
+        with self._lock:
+            index = _find(self._pending, message)
+            following = index + 1
+            pending = self._pending
+            self._save(pending[following][0] if following < len(pending) else self._scanned)
+            for _ in range(following):
+                pending.popleft()
+
+    def consume(self, message: Message) -> None:
+        """Consume ``message`` alone (one `peek` or ``wait_for_message(consume=False)``
+        returned); the messages before and after it stay unread."""
+        with self._lock:
+            index = _find(self._pending, message)
+            start = self._pending[index][0]
+            if index:
+                floor = self._pending[0][0]
+            else:
+                floor = self._pending[1][0] if len(self._pending) > 1 else self._scanned
+            self._save(floor, start)
+            del self._pending[index]
+
+    def consume_if_mine(self, message: Message) -> None:
+        """Consume ``message`` (an answer an ask waited for) when this process consumes
+        my inbox (or may start to); under another consumer (a runner) it is left to that
+        one, which starts nothing for an answer."""
+        with self._lock:
+            try:
+                for _, pending in self._refresh(until=message):
+                    if pending.id == message.id and pending.ts == message.ts:
+                        self.consume(pending)
+                        return
+            except InboxBusy:
+                self._cursor = None
+
+    def _first(self, type: MessageType | str, consume: bool) -> Message | None:
+        """The first unconsumed message of ``type`` (consumed alone with ``consume``)."""
+        with self._lock:
+            for message in self._others(self._refresh()):
+                if message.type == type:
+                    if consume:
+                        self.consume(message)
+                    return message
+            return None
+
+    # -- waiting ------------------------------------------------------------------------
+
+    def wait_for_messages(
+        self,
+        timeout: float | None = None,
+        *,
+        stop: StopEvent | None = None,
+        consume: bool = True,
+    ) -> list[Message]:
+        """Consume and return new messages, blocking until some arrive.
+
+        Returns at once when mail is already waiting; returns ``[]`` after ``timeout``
+        seconds (None: wait indefinitely) or when ``stop`` is set. With ``consume=False``
+        it returns what `peek` would, for an at-least-once consumer that commits itself.
+
+        Example:
+            >>> for message in bus.wait_for_messages(timeout=30, consume=False):  # doctest: +SKIP
+            ...     handle(message)
+            ...     bus.commit(message)
+        """
+        return self._wait(self.poll if consume else self.peek, timeout, stop) or []
+
+    def wait_for_message(
+        self,
+        type: MessageType | str,
+        timeout: float | None = None,
+        *,
+        stop: StopEvent | None = None,
+        consume: bool = True,
+    ) -> Message | None:
+        """Consume and return the first message of ``type``, blocking until one arrives.
+
+        Only that message is consumed: messages of other types stay unread for the next
+        `poll` or `wait_for_messages`, in memory and on disk. None after ``timeout``.
+        With ``consume=False`` nothing is consumed: pass the message to `consume` once
+        it is handled (printed, acted on).
+
+        Example:
+            >>> bus.wait_for_message(MessageType.PLAN_APPROVAL, timeout=60.0)  # doctest: +SKIP
+        """
+        kind = check_type(type)
+        return self._wait(lambda: self._first(kind, consume), timeout, stop)
+
+    def _wait(self, attempt: Callable[[], _T], timeout: float | None, stop: StopEvent | None) -> _T:
+        found = attempt()
+        if found or timeout == 0:
+            return found
+        deadline = None if timeout is None else time.monotonic() + timeout
+        look = self._watcher is None  # a watcher made now missed what came before it
+        watcher = self._watch()
+        while True:
+            if look:  # (one that was there already is woken by it: no second read)
+                found = attempt()
+                if found or (stop is not None and stop.is_set()):
+                    return found
+            look = True
+            remaining = WATCH_SAFETY_POLL_S
+            if deadline is not None:
+                remaining = min(remaining, deadline - time.monotonic())
+                if remaining <= 0:
+                    return found
+            watcher.wait(remaining, stop)
+
+    def _watch(self) -> Waiter:
+        if self._watcher is None:
+            self._watcher = self._store.waiter([self.agent])
+        return self._watcher
+
+    def await_answer(
+        self,
+        request_id: str,
+        start: int,
+        timeout: float,
+        kind: MessageType = MessageType.REPLY,
+        *,
+        sender: str | None = None,
+        stop: StopEvent | None = None,
+        fresh: bool = False,
+    ) -> Message | None:
+        """Read my inbox from ``start`` (without consuming) until the ``kind`` answering
+        ``request_id`` comes (from ``sender`` when given: an answer from anyone else is
+        no answer); consume it alone when this process may. ``fresh``: asked just now,
+        so the answer comes after this thread's waiter last woke (which wakes for it):
+        the wait comes before the first read."""
+        deadline = time.monotonic() + timeout
+        offset = start
+        # One waiter per thread, kept for the mailbox's life: closing an inotify
+        # descriptor can take the kernel milliseconds, which a waiter per ask paid.
+        waiter: Waiter | None = getattr(self._ask_local, "waiter", None)
+        if fresh and waiter is not None:
+            waiter.wait(min(timeout, WATCH_SAFETY_POLL_S), stop)
+        while True:
+            data, offset = self._store.read(self.agent, offset, skip_collected=True)
+            if data:
+                for message in decode_lines(data.split(b"\n")[:-1])[0]:
+                    if (
+                        isinstance(message, Message)
+                        and message.reply_to == request_id
+                        and message.type == kind
+                        and (sender is None or message.from_agent == sender)
+                    ):
+                        self.consume_if_mine(message)
+                        return message
+                offset += len(data)
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or (stop is not None and stop.is_set()):
+                return None
+            if waiter is None:
+                waiter = self._ask_local.waiter = self._store.waiter([self.agent])
+                with self._lock:
+                    self._ask_waiters.append(waiter)
+                continue  # read once more: the answer may have come while it started
+            waiter.wait(min(remaining, WATCH_SAFETY_POLL_S), stop)
+
+    # -- lifetime -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release descriptors and stop the watcher; the mailbox can be used again after."""
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None
+        with self._lock:
+            for waiter in self._ask_waiters:
+                waiter.close()
+            self._ask_waiters.clear()
+            self._ask_local = threading.local()
+        self._cursor = None  # the next read claims the inbox again and starts from disk
+        self._store.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        team, home = self._team.name, str(self._team.home)
+        return f"{type(self).__name__}(team={team!r}, agent={self.agent!r}, home={home!r})"
+
+
+def _find(entries: deque[tuple[int, Message]], message: Message) -> int:
+    for index, (_, pending) in enumerate(entries):
+        if pending is message:
+            return index
+    for index, (_, pending) in enumerate(entries):
+        if pending.id == message.id and pending.ts == message.ts:
+            return index
+    raise InvalidMessage(
+        f"message {message.id} is not among the peeked, unconsumed messages: "
+        "commit only a message that peek() returned"
+    )

@@ -1,0 +1,172 @@
+"""Ask and reply, and acknowledgements (DESIGN §8.2, §8.5), over one `Mailbox`.
+
+An ask sends a ``request`` and reads the asker's inbox from where the request was
+written, without consuming it, until the ``reply`` from the agent asked comes; it
+consumes that reply alone. The Gate judged the request (depth, policy, rate) and judges
+the reply (it answers a request its sender received, or it is contact).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
+
+from ralph_mail.errors import InvalidMessage, MailError, NoReply, PermissionDenied
+from ralph_mail.govern import approvals, presence
+from ralph_mail.mailbox import ALL
+from ralph_mail.message import Message, MessageType, check_id, check_metadata, format_ts
+
+if TYPE_CHECKING:
+    from ralph_mail.mailbox import Mailbox
+    from ralph_mail.store.base import StopEvent
+
+
+def ask(
+    box: Mailbox,
+    to: str,
+    question: str,
+    *,
+    context: str | None,
+    timeout: float,
+    priority: str | None,
+    metadata: Mapping[str, str] | None,
+    id: str | None,
+    visibility: str | None,
+    stop: StopEvent | None,
+) -> Message:
+    """`MessageBus.ask`: send ``to`` a request and block until its reply comes."""
+    if not isinstance(timeout, (int, float)) or not timeout >= 0:
+        raise InvalidMessage(f"invalid timeout {timeout!r}: give a number of seconds >= 0")
+    if id is not None:
+        earlier = _asked_before(box, check_id(id), to, timeout)
+        if earlier is not None:
+            return earlier
+    target = box.recipient(to)
+    extra = dict(check_metadata(metadata))
+    if context is not None:
+        extra["context"] = context
+    start = box.reading_from()
+    envelope = box.envelope(target, MessageType.REQUEST, question, extra, None, id,
+                            priority=priority, visibility=visibility,
+                            chain=(*box.chain, box.agent))  # fmt: skip
+    request_id = str(envelope["id"])
+    box.asking.add(request_id)  # before it is sent: the reply may come at once
+    try:
+        request = box.write(envelope, waits=True)
+        if not request.ts:  # held for approval: the same timeout covers the decision
+            deadline = time.monotonic() + timeout
+            with _awaiting_approval(box):
+                decided = approvals.wait_for_decision(box, request.id, start, timeout)
+            if decided is None:
+                raise NoReply(
+                    f"no decision on asking {to} within {timeout:g} s: it waits for approval "
+                    "('ralph-mail approvals' on the approver's side)"
+                )
+            if not decided:
+                raise PermissionDenied(f"asking {to} was denied by the approver")
+            timeout = max(0.0, deadline - time.monotonic())
+        return _answer_of(box, request.id, target, start, timeout, stop, fresh=True)
+    finally:
+        box.asking.discard(request_id)
+
+
+def reply(
+    box: Mailbox,
+    message: Message,
+    content: str,
+    metadata: Mapping[str, str] | None,
+    *,
+    priority: str | None,
+    ack: bool,
+    visibility: str | None,
+) -> Message:
+    """`MessageBus.reply`: answer ``message``; a request is answered once."""
+    in_thread = None
+    if message.type == MessageType.REQUEST:
+        in_thread = box.indexed(f"thread+{message.thread}", ALL)
+        for earlier in in_thread:
+            mine = earlier.from_agent == box.agent and earlier.reply_to == message.id
+            if mine and earlier.type == MessageType.REPLY:
+                return earlier
+    return box._send(message.from_agent, MessageType.REPLY, content, metadata, message.id,
+                     None, message.thread, priority, ack, visibility,
+                     in_thread=in_thread)  # fmt: skip
+
+
+def acknowledge(box: Mailbox, message: Message) -> Message:
+    """`MessageBus.ack`: acknowledge ``message`` to its sender."""
+    return box._send(message.from_agent, MessageType.ACK, "", None, message.id, None,
+                     message.thread)  # fmt: skip
+
+
+def pending_acks(box: Mailbox, older_than: float | None) -> list[Message]:
+    """`MessageBus.pending_acks`: what I asked to be acknowledged and nobody did."""
+    wanted = box.indexed(f"acks+{box.agent}", ALL)
+    acked = {m.reply_to for m in box.indexed(f"acked+{box.agent}", ALL)}
+    cutoff = None
+    if older_than is not None:
+        cutoff = format_ts(int((time.time() - older_than) * 1_000_000))
+    return [m for m in wanted if m.id not in acked and (cutoff is None or m.ts <= cutoff)]
+
+
+@contextlib.contextmanager
+def _awaiting_approval(box: Mailbox) -> Iterator[None]:
+    """Presence ``awaiting_approval`` while a held message waits; then as it was."""
+    before = box.store.load_presence(box.agent)
+    presence.set_presence(box, "awaiting_approval", None)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(MailError):
+            if before is None:
+                presence.set_presence(box, "idle", None)
+            else:
+                box.store.save_presence(box.agent, before)
+
+
+def _answer_of(
+    box: Mailbox,
+    request_id: str,
+    to: str,
+    start: int,
+    timeout: float,
+    stop: StopEvent | None = None,
+    *,
+    fresh: bool = False,
+) -> Message:
+    answer = box.await_answer(request_id, start, timeout, sender=to, stop=stop, fresh=fresh)
+    if answer is None and stop is not None and stop.is_set():
+        raise NoReply(f"stopped waiting for {to}'s answer: it comes to the inbox")
+    if answer is None:
+        raise NoReply(
+            f"{to} did not answer within {timeout:g} s; ask again, or delegate work "
+            "that takes longer"
+        )
+    return answer
+
+
+def _asked_before(box: Mailbox, request_id: str, to: str, timeout: float) -> Message | None:
+    """The reply to my request ``request_id`` if I sent it before (waiting for it if
+    it has not come yet); None when I never sent it."""
+    asked = False
+    for message in box.indexed(f"thread+{request_id}", ALL):
+        if (
+            message.type == MessageType.REPLY
+            and message.reply_to == request_id
+            and message.from_agent == to
+        ):
+            box.consume_if_mine(message)
+            return message
+        asked = asked or (message.id == request_id and message.from_agent == box.agent)
+    if not asked:
+        return None
+    # Not answered when the thread was read: the reply is unconsumed mail, at or above
+    # my cursor's floor (a reply consumed by a run that died is in the thread above).
+    box.asking.add(request_id)
+    try:
+        return _answer_of(box, request_id, to, box.store.load_cursor(box.agent).floor,
+                          timeout)  # fmt: skip
+    finally:
+        box.asking.discard(request_id)
