@@ -354,14 +354,12 @@ class TeamAgent:
         request = self._last_request
         if request is None:
             return None
-        metadata = {protocols.ACCEPTED: "true" if accepted else "false"}
-        if deferred:
-            metadata[protocols.DEFERRED] = "true"
+        content, metadata = protocols.shutdown_answer(accepted, deferred, reason)
         self.shutdown_request = None
         return self.bus.send(
             request.from_agent,
             MessageType.SHUTDOWN_RESPONSE,
-            reason,
+            content,
             metadata,
             reply_to=request.id,
         )

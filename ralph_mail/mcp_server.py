@@ -211,9 +211,8 @@ class Mailbox:
                     "no shutdown request to answer: check_inbox shows one when it comes"
                 )
             request = requests[-1]
-            metadata = {protocols.ACCEPTED: "true" if accept else "false"}
-            self.bus.send(request.from_agent, MessageType.SHUTDOWN_RESPONSE,
-                          reason or ("shutting down" if accept else "not now"), metadata,
+            content, metadata = protocols.shutdown_answer(accept, reason=reason or None)
+            self.bus.send(request.from_agent, MessageType.SHUTDOWN_RESPONSE, content, metadata,
                           reply_to=request.id)  # fmt: skip
             if request.id not in self._seen:
                 self.bus.consume(request)

@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from ralph_mail.errors import InvalidMessage, ProtocolError
 from ralph_mail.message import Message
-
-if TYPE_CHECKING:
-    pass
 
 #: The states a status update may report (DESIGN §3), in the order a task goes through them.
 STATES: Final = ("idle", "working", "blocked", "done", "failed")
@@ -101,6 +98,23 @@ def check_outgoing(kind: str, metadata: dict[str, str]) -> None:
             f"a {kind} needs metadata {key}=true or {key}=false, not "
             f"{metadata.get(key)!r}: add --meta {key}=true"
         )
+
+
+def shutdown_answer(
+    accepted: bool, deferred: bool = False, reason: str | None = None
+) -> tuple[str, dict[str, str]]:
+    """The content and metadata of a shutdown_response: accepted, deferred ("not yet,
+    ask me again") or refused, with the reason given or the default words of each.
+    Every face answers a shutdown request with this.
+
+    >>> shutdown_answer(False, deferred=True)
+    ('finishing current task', {'accepted': 'false', 'deferred': 'true'})
+    """
+    metadata = {ACCEPTED: "true" if accepted else "false"}
+    if deferred and not accepted:
+        metadata[DEFERRED] = "true"
+    default = "shutting down" if accepted else "finishing current task" if deferred else "no"
+    return (default if reason is None else reason), metadata
 
 
 def _flag(message: Message, key: str, fix: str) -> bool:

@@ -175,7 +175,7 @@ def test_team_commands(home: Path) -> None:
         "description": "does work",
         "role": "member",
     }
-    assert ralph(home, "team", "delete", "t", "--yes").returncode == 0
+    assert ralph(home, "team", "delete", "t", "--yes", "--agent", "boss").returncode == 0
     assert ralph(home, "team", "list").stdout == b""
 
 

@@ -115,16 +115,24 @@ def test_bad_conversation_values_are_refused(team: Team) -> None:
 
 def test_agents_presence_and_team_edits(team: Team) -> None:
     """team set and team config change the roster; agents and presence show the team."""
-    assert ralph(team.home, "team", "set", "demo", "worker-1", "--manager", "lead",
+    assert ralph(team.home, "team", "set", "demo", "worker-1", "--agent", "lead", "--manager", "lead",
                  "--mode", "supervised").returncode == 0  # fmt: skip
-    assert ralph(team.home, "team", "config", "demo", "max_depth", "5").returncode == 0
+    assert (
+        ralph(team.home, "team", "config", "demo", "max_depth", "5", "--agent", "lead").returncode
+        == 0
+    )
     assert load_team("demo").config == {"max_depth": "5"}
     assert ralph(team.home, "presence", "working", *W1).returncode == 0
     out = ralph(team.home, "agents", "--json", *LEAD).stdout
     found = {r["name"]: r for r in map(orjson.loads, out.splitlines())}
     assert found["worker-1"]["presence"] == "working" and found["worker-1"]["manager"] == "lead"
     assert found["worker-2"]["presence"] == "offline"
-    assert ralph(team.home, "team", "set", "demo", "worker-1", "--mode", "chaos").returncode == 2
+    assert (
+        ralph(
+            team.home, "team", "set", "demo", "worker-1", "--mode", "chaos", "--agent", "lead"
+        ).returncode
+        == 2
+    )
 
 
 WORKER = """

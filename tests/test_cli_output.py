@@ -225,5 +225,5 @@ def test_declining_team_delete_exits_3(team: Team, monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(sys, "stdin", Terminal())
     monkeypatch.setattr(command, "confirm", lambda question: False)
     monkeypatch.setattr("ralph_mail.cli.mail.confirm", lambda question: False)
-    assert main(["team", "delete", "demo"]) == 3
+    assert main(["team", "delete", "demo", "--agent", "lead"]) == 3
     assert MessageBus("demo", "lead").peek() == []  # the team is still there

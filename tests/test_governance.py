@@ -291,10 +291,17 @@ def test_the_policy_from_the_command_line(crew: Team) -> None:
     send exits 4 in one line; a held one exits 0 with a note naming the approver, and
     --wait reports the decision (0 approved, 3 denied, 1 none)."""
     team = ("--team", "crew")
-    assert ralph(crew.home, "policy", "deny", "*", "archive", *team).returncode == 0
-    assert ralph(crew.home, "policy", "allow", "intern", "*", "--approval", *team).returncode == 0
-    assert ralph(crew.home, "policy", "rate", "*", "10", *team).returncode == 0
-    assert ralph(crew.home, "policy", "depth", "4", *team).returncode == 0
+    assert (
+        ralph(crew.home, "policy", "deny", "*", "archive", *team, "--agent", "lead").returncode == 0
+    )
+    assert (
+        ralph(
+            crew.home, "policy", "allow", "intern", "*", "--approval", *team, "--agent", "lead"
+        ).returncode
+        == 0
+    )
+    assert ralph(crew.home, "policy", "rate", "*", "10", *team, "--agent", "lead").returncode == 0
+    assert ralph(crew.home, "policy", "depth", "4", *team, "--agent", "lead").returncode == 0
     shown = orjson.loads(ralph(crew.home, "policy", "show", "--json", *team).stdout)
     assert shown["rules"] == [
         {"from": "*", "to": "archive", "permission": "deny", "approval": False},
@@ -315,9 +322,9 @@ def test_the_policy_from_the_command_line(crew: Team) -> None:
     listed = ralph(crew.home, "approvals", "--json", *team, "--agent", "boss")
     (first,) = [orjson.loads(line) for line in listed.stdout.splitlines()]
     assert first["envelope"]["content"] == "hi"
-    bad = ralph(crew.home, "policy", "rate", "*", "lots", *team)
+    bad = ralph(crew.home, "policy", "rate", "*", "lots", *team, "--agent", "lead")
     assert bad.returncode == 2 and b"invalid rate 'lots'" in bad.stderr
-    assert ralph(crew.home, "policy", "deny", "../x", "*", *team).returncode == 2
+    assert ralph(crew.home, "policy", "deny", "../x", "*", *team, "--agent", "lead").returncode == 2
 
 
 def test_a_broken_policy_is_one_line_and_exit_4_from_the_command_line(crew: Team) -> None:

@@ -3,6 +3,7 @@ agents, presence, and the roster's edits (team set, team config)."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Annotated
@@ -524,20 +525,32 @@ def team_set(
         str | None, Option("--mode", help="autonomous, supervised or strict.", metavar="MODE")
     ] = None,
     home: Home = None,
+    agent: Agent = None,
 ) -> None:
-    """Change a member's description, manager or mode.
+    """Change a member's description, manager or mode: a manager or a mode (and another
+    member's description) is the lead's to change.
 
     \b
     Example:
-      ralph-mail team set demo writer --manager lead --mode supervised
+      ralph-mail team set demo writer --manager lead --mode supervised --agent lead
     """
 
     def action() -> None:
-        from ralph_mail.team import update_team
-
         if description is None and manager is None and mode is None:
             raise MailError("nothing to change: pass --description, --manager or --mode")
-        update_team(name, home, member=member, description=description, manager=manager, mode=mode)
+        who = identity(home, name, agent)
+        if (
+            manager is not None
+            or mode is not None
+            or (who.agent or os.environ.get("RALPH_AGENT")) != member
+        ):
+            bus = who.lead("changing a member's manager, mode or another's description")
+        else:
+            bus = who.bus()
+        try:
+            bus.set_member(member, description=description, manager=manager, mode=mode)
+        finally:
+            bus.close()
         say(f"updated {member} in team {name}\n")
 
     command(action)
@@ -557,21 +570,26 @@ def team_config(
     ] = None,
     value: Annotated[str | None, Argument(help="The new value.", metavar="VALUE")] = None,
     home: Home = None,
+    agent: Agent = None,
 ) -> None:
-    """Show the team's settings, or set one.
+    """Show the team's settings, or set one (the lead's to do).
 
     \b
     Example:
-      ralph-mail team config demo max_depth 4
+      ralph-mail team config demo max_depth 4 --agent lead
     """
 
     def action() -> None:
-        from ralph_mail.team import load_team, update_team
+        from ralph_mail.team import change_roster, load_team
 
         if key is not None and value is None:
             raise MailError(f"no value for {key}: write 'ralph-mail team config {name} {key} N'")
         if key is not None and value is not None:
-            update_team(name, home, config={key: value})
+            bus = identity(home, name, agent).lead("changing the team's settings")
+            try:
+                change_roster(bus.team, config={key: value})
+            finally:
+                bus.close()
         roster = load_team(name, home)
         rows = [(k, str(roster.config.get(k, v)), "" if k in roster.config else "(default)")
                 for k, v in settings.TEAM_DEFAULTS.items()]  # fmt: skip

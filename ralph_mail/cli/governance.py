@@ -43,13 +43,15 @@ def _parsed(raw: bytes | None, roster: Team) -> Policy:
         ) from None
 
 
-def _edit(home: str | None, team: str | None, change: Callable[[Policy], Policy]) -> None:
-    """Change the team's policy with no other change in between."""
-    from ralph_mail.govern import policy
-    from ralph_mail.team import load_team
-
-    roster = load_team(identity(home, team, None).need_team(), home)
-    roster.store.update_state(policy.KEY, lambda raw: change(_parsed(raw, roster)).to_json())
+def _edit(
+    home: str | None, team: str | None, agent: str | None, change: Callable[[Policy], Policy]
+) -> None:
+    """Change the team's policy with no other change in between, as its lead."""
+    bus = identity(home, team, agent).lead("changing the team's policy")
+    try:
+        bus.change_policy(change)
+    finally:
+        bus.close()
 
 
 def _party(name: str) -> str:
@@ -89,12 +91,12 @@ def policy_show(home: Home = None, team: TeamName = None, json: JsonRecords = Fa
 
 
 def _rule(permission: Literal["allow", "deny"], sender: str, target: str, approval: bool,
-          home: str | None, team: str | None) -> None:  # fmt: skip
+          home: str | None, team: str | None, agent: str | None) -> None:  # fmt: skip
     def action() -> None:
         from ralph_mail.govern.policy import Rule
 
         rule = Rule(_party(sender), _party(target), permission, approval)
-        _edit(home, team, lambda current: current.with_rule(rule))
+        _edit(home, team, agent, lambda current: current.with_rule(rule))
 
     command(action)
 
@@ -108,25 +110,29 @@ def policy_allow(
     ] = False,
     home: Home = None,
     team: TeamName = None,
+    agent: Agent = None,
 ) -> None:
-    """Let FROM contact TO (replacing any rule for the same pair).
+    """Let FROM contact TO (replacing any rule for the same pair); the lead's to do.
 
     \b
     Example:
-      ralph-mail policy allow intern '*' --approval --team demo
+      ralph-mail policy allow intern '*' --approval --team demo --agent lead
     """
-    _rule("allow", sender, target, approval, home, team)
+    _rule("allow", sender, target, approval, home, team, agent)
 
 
 @policy_app.command("deny")
-def policy_deny(sender: Party, target: Party, home: Home = None, team: TeamName = None) -> None:
-    """Refuse FROM's contact with TO (replacing any rule for the same pair).
+def policy_deny(
+    sender: Party, target: Party, home: Home = None, team: TeamName = None, agent: Agent = None
+) -> None:
+    """Refuse FROM's contact with TO (replacing any rule for the same pair); the lead's
+    to do.
 
     \b
     Example:
-      ralph-mail policy deny '*' archive --team demo
+      ralph-mail policy deny '*' archive --team demo --agent lead
     """
-    _rule("deny", sender, target, False, home, team)
+    _rule("deny", sender, target, False, home, team, agent)
 
 
 @policy_app.command("rate")
@@ -137,12 +143,14 @@ def policy_rate(
     ],
     home: Home = None,
     team: TeamName = None,
+    agent: Agent = None,
 ) -> None:
-    """Limit the messages AGENT (or everyone: '*') starts per rolling minute.
+    """Limit the messages AGENT (or everyone: '*') starts per rolling minute; the lead's
+    to do.
 
     \b
     Example:
-      ralph-mail policy rate '*' 10 --team demo
+      ralph-mail policy rate '*' 10 --team demo --agent lead
     """
 
     def action() -> None:
@@ -154,7 +162,7 @@ def policy_rate(
                 raise MailError(f"invalid rate {per_minute!r}: give a whole number, or 'off'")
             rate = check_rate(int(per_minute))
         who = _party(sender)
-        _edit(home, team, lambda current: current.with_rate(who, rate))
+        _edit(home, team, agent, lambda current: current.with_rate(who, rate))
 
     command(action)
 
@@ -164,18 +172,23 @@ def policy_depth(
     depth: Annotated[int, Argument(help="How many agents a request may pass through.")],
     home: Home = None,
     team: TeamName = None,
+    agent: Agent = None,
 ) -> None:
-    """Set the team's max_depth (as 'team config TEAM max_depth N' does).
+    """Set the team's max_depth (as 'team config TEAM max_depth N' does); the lead's to do.
 
     \b
     Example:
-      ralph-mail policy depth 4 --team demo
+      ralph-mail policy depth 4 --team demo --agent lead
     """
 
     def action() -> None:
-        from ralph_mail.team import update_team
+        from ralph_mail.team import change_roster
 
-        update_team(identity(home, team, None).need_team(), home, config={"max_depth": str(depth)})
+        bus = identity(home, team, agent).lead("changing the team's max_depth")
+        try:
+            change_roster(bus.team, config={"max_depth": str(depth)})
+        finally:
+            bus.close()
 
     command(action)
 

@@ -167,21 +167,23 @@ def team_delete(
     name: Annotated[str, Argument(help="The team to delete.")],
     yes: Annotated[bool, Option("--yes", "-y", help="Do not ask first.")] = False,
     home: Home = None,
+    agent: Agent = None,
 ) -> None:
-    """Delete a team and all its mail; asks first on a terminal unless --yes.
+    """Delete a team and all its mail, as its lead; asks first on a terminal unless --yes.
 
     \b
     Example:
-      ralph-mail team delete demo --yes
+      ralph-mail team delete demo --yes --agent lead
     """
 
     def action() -> int:
         from ralph_mail.team import delete_team, load_team
 
         load_team(name, home)  # a missing team is an error before any question
+        if not yes and (sys.stdin is None or not sys.stdin.isatty()):
+            raise MailError(f"refusing to delete team {name!r} without asking: pass --yes")
+        identity(home, name, agent).lead(f"deleting team {name!r}").close()
         if not yes:
-            if sys.stdin is None or not sys.stdin.isatty():
-                raise MailError(f"refusing to delete team {name!r} without asking: pass --yes")
             if not confirm(f"Delete team {name!r} and all its mail?"):
                 error_line(f"team {name!r} kept")
                 return EXIT_NO  # the answer was no

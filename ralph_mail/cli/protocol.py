@@ -188,14 +188,11 @@ def shutdown_respond(
             if request is None:
                 error_line(f"no shutdown request in {bus.agent}'s inbox: nothing to answer")
                 return EXIT_NOTHING
-            metadata = {protocols.ACCEPTED: "true" if accept else "false"}
-            if defer:
-                metadata[protocols.DEFERRED] = "true"
-            default = "shutting down" if accept else "finishing current task" if defer else "no"
+            content, metadata = protocols.shutdown_answer(accept, defer, reason)
             answer = bus.send(
                 request.from_agent,
                 MessageType.SHUTDOWN_RESPONSE,
-                reason if reason is not None else default,
+                content,
                 metadata,
                 reply_to=request.id,
             )

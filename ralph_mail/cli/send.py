@@ -43,6 +43,23 @@ class Identity:
 
         return MessageBus(self.need_team(), self.need_agent(), self.home)
 
+    def lead(self, act: str) -> MessageBus:
+        """The lead's bus, for a governance act (DESIGN §9.3a): `PermissionDenied` from
+        any other identity, and from none."""
+        from ralph_mail.errors import PermissionDenied
+
+        if not (self.agent or os.environ.get("RALPH_AGENT")):
+            raise PermissionDenied(
+                f"{act} is the lead's to do: run it as the team's lead (--agent LEAD)"
+            )
+        bus = self.bus()
+        try:
+            bus.gate.require_lead(act)
+        except BaseException:
+            bus.close()
+            raise
+        return bus
+
 
 def read_body(content: str | None, limit: int) -> str:
     """The message body: ``content``; standard input for ``-`` or when input is piped.
@@ -109,11 +126,9 @@ class SendRequest:
     def run(self) -> int:
         """Send; print the id (or the envelope with ``--json``)."""
         from ralph_mail import settings
-        from ralph_mail.protocols import check_outgoing
 
         check_wait(self.wait)
         metadata = parse_meta(self.meta)
-        check_outgoing(self.type, metadata)
         body = read_body(self.content, settings.max_message_bytes())
         bus = self.identity.bus()
         try:

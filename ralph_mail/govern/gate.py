@@ -143,6 +143,11 @@ class Gate:
         there (online, or sleeping: a request wakes it)."""
         box = self._box
         sender, to, kind = box.agent, str(envelope["to"]), str(envelope["type"])
+        metadata = envelope["metadata"]
+        if kind in _CHECKED and isinstance(metadata, dict):  # what its reader would refuse
+            from ralph_mail.protocols import check_outgoing
+
+            check_outgoing(kind, metadata)
         if to == sender:
             doing = "asking" if kind == MessageType.REQUEST else "sending to"
             raise InvalidMessage(f"{sender!r} is {doing} itself: name a teammate")
@@ -304,6 +309,10 @@ class Gate:
         return message
 
 
+#: The protocol messages whose metadata is checked as their reader checks it.
+_CHECKED: Final = frozenset({
+    MessageType.STATUS_UPDATE, MessageType.PLAN_APPROVAL, MessageType.SHUTDOWN_RESPONSE,
+})  # fmt: skip
 _ANSWER_TYPES: Final = frozenset({
     MessageType.REPLY, MessageType.ACK, MessageType.APPROVAL_RESPONSE, *_ANSWERS,
 })  # fmt: skip
