@@ -311,3 +311,24 @@ def test_a_message_over_the_servers_max_payload_is_one_clear_error(home: Path) -
         assert [m.content for m in MessageBus("demo", "w", home, backend=url).poll()] == ["small"]
     finally:
         lead.close()
+
+
+def test_team_log_records_naming_one_message_are_all_kept(home: Path) -> None:
+    """A team log's records are not sends: two naming the same message id (a held message,
+    then its approval) are both stored, so an approved message is delivered on NATS."""
+    from ralph_mail.policy import Policy, Rule
+
+    url = fresh_nats()
+    create_team("demo", ["lead", "a", "b"], home=home, backend=url)
+    with (
+        MessageBus("demo", "lead", home, backend=url) as lead,
+        MessageBus("demo", "a", home, backend=url) as a,
+        MessageBus("demo", "b", home, backend=url) as b,
+    ):
+        lead.store.log_append("probe", b'{"held":{"id":"0123456789ab"}}\n')
+        lead.store.log_append("probe", b'{"decided":"x","id":"0123456789ab"}\n')
+        assert len(lead.store.log_read("probe").splitlines()) == 2
+        lead.store.save_state("policy", Policy((Rule("a", "b", "allow", True),)).to_json())
+        kept = a.send("b", "text", "may I?")
+        assert lead.approve(kept.id).decision is True
+        assert [m.id for m in b.poll()] == [kept.id]

@@ -441,7 +441,7 @@ class NatsStore:
     def _put(self, subject: str, head: bytes, tail: bytes, stamp: bool = True) -> tuple[str, int]:
         """Append ``head + ts + tail`` (``head + tail`` without ``stamp``) as the next line
         of ``subject``; return the ts and its offset."""
-        found = _ID.search(head)
+        found = _ID.search(head) if stamp else None  # a team log's record is no send
         msg_id = f"{subject}:{found.group(1).decode()}" if found else None
         with self._locks.setdefault(subject, threading.Lock()):  # one at a time here
             known = self._tails.get(subject)
