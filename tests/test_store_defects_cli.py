@@ -679,3 +679,34 @@ def test_a_process_outliving_team_delete_gets_a_clear_error_and_recreates_nothin
     no_traceback(cli(team.home, "team", "create", "demo", *members), 0)
     no_traceback(cli(team.home, "team", "delete", "demo", "--yes", "--agent", "lead"), 0)
     record(messages=1, faults=1)
+
+
+# -- 5: every valid name works from the command line, on files and on NATS --------------
+
+
+@pytest.mark.parametrize("kind", ["file", "nats"])
+def test_the_longest_names_read_wait_and_pass_from_the_command_line(
+    kind: str, home: Path, tmp_path: Path
+) -> None:
+    """An agent named with 64 characters reads and waits for its mail, and a channel named
+    with 64 characters has its turns passed: no command says 'invalid log name'."""
+    from conftest import backend_url
+
+    agent, other, channel = "a" * 64, "b.." + "b" * 60 + ".", "c" * 62 + ".."
+    env = {"RALPH_BACKEND": backend_url(kind, tmp_path), "RALPH_TEAM": "demo"}
+    members = ("--member", "lead", "--member", agent, "--member", other)
+    no_traceback(cli(home, "team", "create", "demo", *members, **env), 0)
+    for me in (agent, other):
+        sent = cli(home, "send", me, "hi", "--agent", "lead", **env).stdout.strip()
+        read = cli(home, "read", "--agent", me, **env)
+        no_traceback(read, 0)
+        assert sent and sent in read.stdout
+        sent = cli(home, "send", me, "again", "--agent", "lead", **env).stdout.strip()
+        waited = cli(home, "wait", "--agent", me, "--timeout", str(TIMEOUT_S), **env)
+        no_traceback(waited, 0)
+        assert sent and sent in waited.stdout
+    no_traceback(cli(home, "channel", "create", channel, "--all", "--agent", "lead", **env), 0)
+    post = cli(home, "channel", "post", channel, f"@{agent} @{other} go", "--agent", "lead",
+               **env).stdout.strip()  # fmt: skip
+    for me in (agent, other):
+        no_traceback(cli(home, "channel", "pass", channel, post.decode(), "--agent", me, **env), 0)

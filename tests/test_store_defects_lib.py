@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from conftest import BOUND_S, Processes, cli_env
+from conftest import BACKENDS, BOUND_S, Processes, backend_url, cli_env
 from faultkit import dead_letters, record
 
 from ralph_mail import MailError, MessageBus, Team, create_team, delete_team, list_teams
@@ -365,3 +365,94 @@ def test_a_waiter_is_not_woken_by_mail_to_another_agent(
     # The wait re-reads once a second as a safety net: 20 covers a very slow machine.
     assert polls[0] - armed_at <= 20, f"{polls[0] - armed_at} reads for 3,000 sends to lead"
     record(messages=3001)
+
+
+# -- 5: every valid name works everywhere, on every backend ------------------------------
+
+#: Names of 64 characters, the longest valid: one plain, one with ``..`` and a final ``.``.
+LONG_LEAD = "l" * 64
+LONG_A = "a" * 63 + "z"
+LONG_B = "b.." + "b" * 60 + "."
+LONG_CHANNEL = "c" * 62 + ".."
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_the_longest_names_work_for_every_command_on_every_backend(
+    kind: str, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Agents and a channel named with 64 characters (dots anywhere included) send, read,
+    wait, ask, reply, delegate (held for a sleep too), finish tasks, post, read, pass and
+    list channels, keep history and threads, hold and approve, rate-limit and run a lead:
+    no key derived from a name (``held.NAME``, ``orchestrator.NAME``, ``#NAME@MEMBER``...)
+    is refused, on any backend."""
+    from datetime import UTC, datetime, timedelta
+
+    from ralph_mail import TeamOrchestrator
+    from ralph_mail.govern.policy import Policy, Rule
+
+    url = backend_url(kind, tmp_path)
+    if url:
+        monkeypatch.setenv("RALPH_BACKEND", url)
+    create_team("demo", [LONG_LEAD, LONG_A, LONG_B], home=home)
+    with contextlib.ExitStack() as stack:
+        lead, a, b = (stack.enter_context(MessageBus("demo", name))
+                      for name in (LONG_LEAD, LONG_A, LONG_B))  # fmt: skip
+
+        sent = lead.send(LONG_A, "text", "hi")
+        assert [m.id for m in a.poll()] == [sent.id]
+        sent = b.send(LONG_A, "text", "again")
+        assert [m.id for m in a.wait_for_messages(BOUND_S)] == [sent.id]
+        assert [m.id for m in b.history(LONG_A)] == [sent.id]
+        assert [m.id for m in lead.search("again", to=LONG_A)] == [sent.id]
+
+        answered = threading.Event()
+
+        def answer() -> None:
+            for message in a.wait_for_messages(BOUND_S):
+                if message.type == "request":
+                    a.reply(message, f"re: {message.content}")
+                    answered.set()
+
+        thread = threading.Thread(target=answer)
+        thread.start()
+        reply = b.ask(LONG_A, "what?", timeout=BOUND_S)
+        thread.join(BOUND_S)
+        assert answered.is_set() and reply.content == "re: what?"
+        assert [m.type for m in b.thread(reply.thread)] == ["request", "reply"]
+
+        task = lead.delegate(LONG_A, "draft it")
+        (assignment,) = a.poll()
+        assert assignment.metadata["taskId"] == task.id
+        a.complete(task.id, "drafted")
+        assert [m.content for m in lead.poll() if m.type == "task_result"] == ["drafted"]
+        b.set_presence("sleeping", until=datetime.now(UTC) + timedelta(seconds=0.5))
+        held = lead.delegate(LONG_B, "when you wake")  # held in the log held.LONG_B
+        woke = b.wait_for_message("task_assignment", timeout=BOUND_S)
+        assert held.held_until and woke is not None and woke.metadata["taskId"] == held.id
+        assert [m.id for m in lead.search("wake", to=LONG_B)] == [woke.id]
+
+        lead.channels.create(LONG_CHANNEL, everyone=True)
+        post = lead.channel_post(LONG_CHANNEL, f"@{LONG_A} @{LONG_B} go")
+        assert [m.id for m in a.channel_read(LONG_CHANNEL)] == [post.id]
+        a.channels.pass_turn(LONG_CHANNEL, post.id)
+        b.channels.pass_turn(LONG_CHANNEL, post.id)
+        assert [m.id for m in b.channel_history(LONG_CHANNEL)] == [post.id]
+        assert post.id in [m.id for m in lead.search("go")]
+        b.channels.leave(LONG_CHANNEL)
+        b.channels.join(LONG_CHANNEL)
+
+        rules = (Rule(LONG_A, LONG_B, "allow", True),)
+        lead.store.save_state("policy", Policy(rules, {LONG_A: 100}).to_json())
+        with MessageBus("demo", LONG_A) as sender:  # a fresh one sees the policy at once
+            kept = sender.send(LONG_B, "text", "may I?")
+        assert [h.id for h in lead.approvals()] == [kept.id]
+        lead.approve(kept.id)
+        assert kept.id in [m.id for m in b.poll()]
+
+        errors: list[str] = []
+        orchestrator = TeamOrchestrator("demo", home, on_event=lambda e: errors.append(str(e)))
+        a.send(LONG_LEAD, "text", "to the lead")
+        orchestrator.handle_pending()
+        orchestrator.close()
+        assert not [e for e in errors if "cannot save" in e]
+        assert lead.store.load_state(f"orchestrator.{LONG_LEAD}") is not None

@@ -19,9 +19,12 @@ returns that start: the owner sees the new inbox from its beginning.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
+
+from ralph_mail.errors import InvalidName
 
 
 class StopEvent(Protocol):
@@ -41,6 +44,28 @@ class Query:
     thread: str | None = None
     since: str | None = None  # a ts: messages at or after it
     limit: int = 20
+
+
+#: The longest key of a team log, a state or a rate: a prefix and a name (``held.NAME``,
+#: ``orchestrator.NAME``, ``channel.NAME``, ``rate.NAME``) is longer than a name of 64.
+KEY_MAX: Final = 128
+_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+def check_key(key: object, what: str = "key") -> str:
+    """Return ``key`` if it may name a team log, a state or a rate, else raise
+    `InvalidName`: like a name, but up to `KEY_MAX` characters, so that every key made
+    of a prefix and a valid name is one (a path, ``../x``, never is).
+
+    >>> check_key("held." + "a" * 64, "log name")[:7]
+    'held.aa'
+    """
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
+        raise InvalidName(
+            f"invalid {what} {key!r}: use 1-{KEY_MAX} letters, digits, '_', '.' or '-', "
+            "starting with a letter or digit"
+        )
+    return key
 
 
 @dataclass

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ralph_mail.errors import StoreError
-from ralph_mail.message import check_name, format_ts
-from ralph_mail.store.base import Compaction, Cursor, StopEvent
+from ralph_mail.message import format_ts
+from ralph_mail.store.base import Compaction, Cursor, StopEvent, check_key
 
 if TYPE_CHECKING:
     from ralph_mail.store.base import Query
@@ -314,44 +314,44 @@ class MemoryStore:
             self._team().cursors.pop(key, None)
 
     def log_append(self, name: str, record: bytes) -> None:
-        check_name(name, "log name")
+        check_key(name, "log name")
         with self.place.changed:
             self._team().logs.setdefault(name, bytearray()).extend(record)
             self.place.changed.notify_all()
 
     def log_read(self, name: str) -> bytes:
-        check_name(name, "log name")
+        check_key(name, "log name")
         with self.place.changed:
             return bytes(self._team().logs.get(name, b""))
 
     def load_state(self, key: str) -> bytes | None:
-        check_name(key, "state key")
+        check_key(key, "state key")
         with self.place.changed:
             return self._team().state.get(key)
 
     def save_state(self, key: str, data: bytes) -> None:
-        check_name(key, "state key")
+        check_key(key, "state key")
         with self.place.changed:
             team = self._team()
             team.state[key] = bytes(data)
             team.saves[key] = team.saves.get(key, 0) + 1
 
     def update_state(self, key: str, change: Callable[[bytes | None], bytes]) -> None:
-        check_name(key, "state key")
+        check_key(key, "state key")
         with self.place.changed:
             self.save_state(key, change(self._team().state.get(key)))
 
     def state_version(self, key: str) -> tuple[int, ...] | None:
-        check_name(key, "state key")
+        check_key(key, "state key")
         with self.place.changed:
             team = self._team()
             return (team.saves[key],) if key in team.state else None
 
     def state_where(self, key: str) -> str:
-        return f"state {check_name(key, 'state key')!r} of memory team {self.team!r}"
+        return f"state {check_key(key, 'state key')!r} of memory team {self.team!r}"
 
     def take(self, key: str, limit: int, window: float) -> float:
-        check_name(key, "rate key")
+        check_key(key, "rate key")
         with self.place.changed:
             times = self._team().rates.setdefault(key, [])
             now = time.time()

@@ -25,7 +25,7 @@ import orjson
 from ralph_mail.errors import InboxBusy, LockTimeout, StoreError
 from ralph_mail.message import check_name, format_ts
 from ralph_mail.settings import FILE_MODE
-from ralph_mail.store.base import Compaction, Cursor
+from ralph_mail.store.base import Compaction, Cursor, check_key
 from ralph_mail.store.files.archive import Archive
 from ralph_mail.store.files.inbox import READ_MAX_BYTES, InboxLog, InboxState
 from ralph_mail.store.files.layout import (
@@ -605,7 +605,7 @@ class FileStore:
 
         A write cut short is cut back, so readers only ever see whole records.
         """
-        check_name(name, "log name")
+        check_key(name, "log name")
         where = str(self.dirs.path("logs", f"{name}.jsonl"))
         try:
             fd = open_file(f"{name}.jsonl", os.O_RDWR | os.O_APPEND | os.O_CREAT,
@@ -627,7 +627,7 @@ class FileStore:
             raise store_error(exc, where, "append to", "nothing was recorded") from None
 
     def log_read(self, name: str) -> bytes:
-        check_name(name, "log name")
+        check_key(name, "log name")
         try:
             data = read_file(f"{name}.jsonl", self.dirs.get("logs"))
         except FileNotFoundError:
@@ -640,7 +640,7 @@ class FileStore:
 
     def load_state(self, key: str) -> bytes | None:
         """The bytes last saved under ``key`` (a name), or None when nothing was."""
-        check_name(key, "state key")
+        check_key(key, "state key")
         try:
             return read_file(f"{key}.json", self.dirs.get("state"))
         except FileNotFoundError:
@@ -650,13 +650,13 @@ class FileStore:
 
     def save_state(self, key: str, data: bytes) -> None:
         """Replace what is saved under ``key`` with ``data``, atomically and durably."""
-        check_name(key, "state key")
+        check_key(key, "state key")
         with self._saving():
             self._replace_state(key, data)
 
     def update_state(self, key: str, change: Callable[[bytes | None], bytes]) -> None:
         """Read, change and save ``key``, all under the flock of ``state/control``."""
-        check_name(key, "state key")
+        check_key(key, "state key")
         with self._saving():
             self._replace_state(key, change(self.load_state(key)))
 
@@ -698,7 +698,7 @@ class FileStore:
         ):
             return cached[2]  # the fast path: no save since, and looked at within 1 s
         if key not in _CHECKED:
-            _CHECKED.add(check_name(key, "state key"))
+            _CHECKED.add(check_key(key, "state key"))
         counter = self._control()
         try:
             found = os.stat(f"{key}.json", dir_fd=self.dirs.get("state"), follow_symlinks=False)
@@ -745,7 +745,7 @@ class FileStore:
         return shared
 
     def state_where(self, key: str) -> str:
-        return str(self.dirs.path("state", f"{check_name(key, 'state key')}.json"))
+        return str(self.dirs.path("state", f"{check_key(key, 'state key')}.json"))
 
     def take(self, key: str, limit: int, window: float) -> float:
         """A ring of ``limit`` event times in ``state/KEY.rate``, the oldest at its head,
@@ -756,7 +756,7 @@ class FileStore:
             ring = self._maps.get(name)
             if ring is None or len(ring) < _RING_HEAD.size + 8 * limit:
                 if key not in _CHECKED:
-                    _CHECKED.add(check_name(key, "rate key"))
+                    _CHECKED.add(check_key(key, "rate key"))
                 ring = self._mapped(name, _RING_HEAD.size + 8 * limit)
             fd = self._indexes[name]
             fcntl.flock(fd, fcntl.LOCK_EX)

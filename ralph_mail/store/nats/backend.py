@@ -53,8 +53,8 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 import orjson
 
 from ralph_mail.errors import InboxBusy, StoreError
-from ralph_mail.message import check_name, format_ts
-from ralph_mail.store.base import Compaction, Cursor
+from ralph_mail.message import format_ts
+from ralph_mail.store.base import Compaction, Cursor, check_key
 from ralph_mail.store.nats.wire import (
     REQUEST_S,
     NeverReached,
@@ -107,7 +107,24 @@ def _hex(name: str) -> str:
 
 def _key(name: str) -> str:
     """A KV key for ``name``: itself when it is a valid key, else ``x`` + its hex."""
-    return name if _KV_KEY.fullmatch(name) and not name.startswith("x") else "x" + _hex(name)
+    plain = _KV_KEY.fullmatch(name) and not name.startswith("x") and _tokens(name)
+    return name if plain else "x" + _hex(name)
+
+
+def _tokens(name: str) -> bool:
+    """Whether ``name`` splits into subject tokens, none empty: a valid name may hold
+    ``..`` or end in ``.`` (``a..b``, ``b.``), which no subject or key may."""
+    return ".." not in name and not name.endswith(".")
+
+
+def _token(name: str) -> str:
+    """``name`` as the end of a subject: itself, or ``=`` + its hex when its tokens are
+    not all whole (no name holds ``=``, so the two never meet; see `_untoken`)."""
+    return name if _tokens(name) else "=" + _hex(name)
+
+
+def _untoken(token: str) -> str:
+    return bytes.fromhex(token[1:]).decode() if token.startswith("=") else token
 
 
 class _Waiter:
@@ -253,12 +270,12 @@ class NatsStore:
     def _subject(self, key: str) -> str:
         """The subject of log ``key``: an inbox, ``#channel``, ``log:name`` or ``ix:key``."""
         if key.startswith("#"):
-            return f"{self._prefix}.ch.{key[1:]}"
+            return f"{self._prefix}.ch.{_token(key[1:])}"
         if key.startswith("log:"):
-            return f"{self._prefix}.tl.{key[4:]}"
+            return f"{self._prefix}.tl.{_token(key[4:])}"
         if key.startswith("ix:"):
             return f"{self._prefix}.ix.{_hex(key[3:])}"
-        return f"{self._prefix}.in.{key}"
+        return f"{self._prefix}.in.{_token(key)}"
 
     def _get(self, subject: str, seq: int | None = None) -> Reply | None:
         """The last message of ``subject`` (or the first at or after ``seq``), or None."""
@@ -624,7 +641,7 @@ class NatsStore:
             wanted = {"subjects_filter": f"{self._prefix}.{kind}.>"}
             info = self._api(f"STREAM.INFO.{self.stream}", wanted)
             for subject in info.get("state", {}).get("subjects") or {}:
-                found.append(mark + subject[len(self._prefix) + len(kind) + 2 :])
+                found.append(mark + _untoken(subject[len(self._prefix) + len(kind) + 2 :]))
         return sorted(found)
 
     def forget_archived(self, agent: str, offset: int) -> None:
@@ -880,13 +897,13 @@ class NatsStore:
     # -- team logs, state, rates ----------------------------------------------------------
 
     def log_append(self, name: str, record: bytes) -> None:
-        check_name(name, "log name")
+        check_key(name, "log name")
         self._put(self._subject(f"log:{name}"), record.rstrip(b"\n"), b"", stamp=False)
 
     def log_read(self, name: str) -> bytes:
         """The whole log; what this store read of it before is kept, so reading it again
         (the task tree does, at every change) costs only what was appended since."""
-        check_name(name, "log name")
+        check_key(name, "log name")
         subject = self._subject(f"log:{name}")
         known, offset = self._log_cache.get(subject, (b"", 0))
         out = [known]
@@ -903,20 +920,20 @@ class NatsStore:
             offset = start + len(data)
 
     def load_state(self, key: str) -> bytes | None:
-        check_name(key, "state key")
+        check_key(key, "state key")
         return self._kv_get(f"state.{_key(key)}")
 
     def save_state(self, key: str, data: bytes) -> None:
-        check_name(key, "state key")
+        check_key(key, "state key")
         self._kv_put(f"state.{_key(key)}", data)
 
     def update_state(self, key: str, change: Callable[[bytes | None], bytes]) -> None:
-        check_name(key, "state key")
+        check_key(key, "state key")
         self._kv_update(f"state.{_key(key)}", change)
 
     def state_version(self, key: str) -> tuple[int, ...] | None:
         """From the bucket's watch (see `_watched`): no round trip."""
-        check_name(key, "state key")
+        check_key(key, "state key")
         found = self._watched(f"state.{_key(key)}")
         return None if found is None else (found[1],)
 
