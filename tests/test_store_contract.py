@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -133,6 +134,34 @@ def test_compaction_keeps_offsets_and_unread_lines(store: TeamStore) -> None:
     assert (done.removed, done.messages) == (floor, 6)
     assert lines_from(store, "b", floor) == before[6:]
     assert store.size("b") == sum(len(x) + 1 for x in before)
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_ts_and_offsets_never_decrease_across_a_compaction_that_empties_the_inbox(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a compaction has dropped every line of an inbox and the wall clock has stepped
+    back, the next append (by the store that compacted, or by a fresh one) is stamped no
+    earlier than the inbox's last line ever was, at an offset past its end."""
+    place = backend(tmp_path / "home", backend_url(kind, tmp_path))
+    place.create_team("c", ["a", "b"], b'{"name": "c", "lead": "a", "members": []}')
+    compacting, fresh = place.team_store("c"), place.team_store("c")
+    try:
+        last = ""
+        for n in range(3):
+            last, _ = compacting.append("b", *line(f"m{n}"))
+        end = compacting.size("b")
+        compacting.save_cursor("b", Cursor(end))
+        assert compacting.compact("b").removed == end and compacting.read("b", end)[0] == b""
+        now = time.time_ns
+        monkeypatch.setattr(time, "time_ns", lambda: now() - 3600 * 10**9)  # an hour back
+        for writer in (compacting, fresh):
+            ts, offset = writer.append("b", *line("after"))
+            assert ts >= last and offset >= end, (writer, ts, last, offset, end)
+            last, end = ts, writer.size("b")
+    finally:
+        compacting.close()
+        fresh.close()
 
 
 def test_state_round_trips_and_replaces(store: TeamStore) -> None:

@@ -13,7 +13,9 @@ the lock with a bound.
 Offsets and bases. Offsets are *logical*: the file offset plus the inbox's base. gc drops
 consumed lines from the front and raises the base, so a cursor stays valid across it. The
 base file (a slot file) records ``base, inode, previous base, previous inode``: the base
-of the inode gc renames into place and the base of the inode it replaces. A reader finds
+of the inode gc renames into place and the base of the inode it replaces, then the ts
+of the last line the inbox had when gc made that inode: a writer that finds the inbox
+empty stamps no earlier than that, so ts never decreases across gc. A reader finds
 the base of the inode it opened in that record without a lock: gc writes the record
 before its rename, so either inode finds its own base. An inode the record does not name
 is an inbox made or replaced by something else than gc (the team re-created, a file put
@@ -117,6 +119,7 @@ class InboxLog:
         self._pid = os.getpid()
         self._writer = -1
         self._writer_base = 0  # the base of the inode the writer has open
+        self._writer_ts = ""  # the inbox's last ts when gc made that inode
         self._end = -1  # inbox size after our last append; -1: unknown, probe the tail
         self._last_ts = ""  # wire timestamps are fixed-width, so they compare as strings
         self._reader: _Open | None = None
@@ -151,7 +154,19 @@ class InboxLog:
     def base_record(self) -> tuple[int, int, int, int]:
         """``(base, inode, previous base, previous inode)``; zeros before any compaction."""
         payload = self._bases().load()
-        return _BASE.unpack(payload) if payload is not None else (0, 0, 0, 0)
+        return _BASE.unpack_from(payload) if payload is not None else (0, 0, 0, 0)
+
+    def _writer_record(self, inode: int) -> tuple[int, str]:
+        """The base of inbox inode ``inode``, and the ts of the last line the inbox had
+        when gc made that inode ("" for an inode gc did not make, or a record from before
+        the ts was kept)."""
+        payload = self._bases().load()
+        if payload is None:
+            return 0, ""
+        base, current, previous, previous_inode = _BASE.unpack_from(payload)
+        if inode == current:
+            return base, payload[_BASE.size :].decode("ascii", "replace")
+        return (previous, "") if inode == previous_inode else (0, "")
 
     def base_of(self, inode: int) -> int:
         """The base of inbox inode ``inode``: 0 for an inode gc did not make."""
@@ -207,8 +222,10 @@ class InboxLog:
                     os.getpid(),
                     -1,
                 )
-                # A linked inode's base never changes (gc makes a new inode): read it once.
-                self._writer_base = self.base_of(os.fstat(self._writer).st_ino)
+                # A linked inode's record never changes (gc makes a new inode): read it once.
+                self._writer_base, self._writer_ts = self._writer_record(
+                    os.fstat(self._writer).st_ino
+                )
             fcntl.flock(self._writer, fcntl.LOCK_EX)
             status = os.fstat(self._writer)
             if status.st_nlink:
@@ -249,15 +266,17 @@ class InboxLog:
     def _probe_tail(self, fd: int, size: int, durable: bool) -> int:
         """Under the lock: set aside a torn last line, learn the last ts; return the size."""
         if size == 0:
-            self._last_ts = ""
+            self._last_ts = self._writer_ts  # emptied by gc: what it had still counts
             return 0
         probe = os.pread(fd, min(size, _TAIL_PROBE), size - min(size, _TAIL_PROBE))
         if not probe.endswith(b"\n"):
             size = self._quarantine_tail(fd, size, durable)
-            self._last_ts = last_ts(_last_line(fd, size)) or ""
+            stamp = last_ts(_last_line(fd, size))
         else:
             stamp = last_ts(probe)
-            self._last_ts = stamp if stamp is not None else last_ts(_last_line(fd, size)) or ""
+            if stamp is None:
+                stamp = last_ts(_last_line(fd, size))
+        self._last_ts = max(stamp or "", self._writer_ts)
         return size
 
     def _quarantine_tail(self, fd: int, size: int, durable: bool) -> int:
@@ -489,6 +508,8 @@ class InboxLog:
                 f"{self.dirs.path('cursors', self.agent + '.cursor')} to re-read the inbox"
             )
         dropped = _count_lines(fd, cut)
+        # The ts the inbox has reached, kept with the base for when gc leaves it empty.
+        reached = max(last_ts(_last_line(fd, size)) or "", self._writer_record(status.st_ino)[1])
         # The audit trail first: what is dropped is archived (durably) before it goes.
         Archive(self.dirs, self.agent).append(fd, base, cut, drop_before)
         tmp_dir = self.dirs.get("tmp")
@@ -504,7 +525,8 @@ class InboxLog:
                 os.close(out)
             # The base first, naming both inodes: a crash before the rename leaves the old
             # inbox with its old base, one after it the new inbox with the new base.
-            self._bases().save(_BASE.pack(base + cut, new_inode, base, status.st_ino), sync=True)
+            record = _BASE.pack(base + cut, new_inode, base, status.st_ino) + reached.encode()
+            self._bases().save(record, sync=True)
             os.rename(tmp, self.name, src_dir_fd=tmp_dir, dst_dir_fd=mailbox)
             tmp = ""
             os.fsync(mailbox)

@@ -10,7 +10,8 @@ Layout of one team (``$RALPH_HOME/teams/<team>/``)::
     consumers/<agent>.lock     held (flock) by the one process consuming that inbox
     presence/<agent>.slot      the agent's presence: state, until, last seen (a slot file)
     deadletters/<agent>.jsonl  lines set aside from that inbox, with the reason
-    bases/<agent>.base         logical offset of the inbox's first byte (a slot file)
+    bases/<agent>.base         logical offset of the inbox's first byte, and its last ts
+                               when gc compacted it (a slot file)
     state/<key>.json           small keyed state (the lead's handled ids, ...)
     index/<key>.idx            where the lines of a conversation or a thread are
     logs/<name>.jsonl          team logs, append-only: tasks.jsonl, the task tree
