@@ -115,8 +115,8 @@ def test_bad_conversation_values_are_refused(team: Team) -> None:
 
 def test_agents_presence_and_team_edits(team: Team) -> None:
     """team set and team config change the roster; agents and presence show the team."""
-    assert ralph(team.home, "team", "set", "demo", "worker-1", "--agent", "lead", "--manager", "lead",
-                 "--mode", "supervised").returncode == 0  # fmt: skip
+    assert ralph(team.home, "team", "set", "demo", "worker-1", "--agent", "lead",
+                 "--manager", "lead", "--mode", "supervised").returncode == 0  # fmt: skip
     assert (
         ralph(team.home, "team", "config", "demo", "max_depth", "5", "--agent", "lead").returncode
         == 0

@@ -183,10 +183,9 @@ def team_delete(
         if not yes and (sys.stdin is None or not sys.stdin.isatty()):
             raise MailError(f"refusing to delete team {name!r} without asking: pass --yes")
         identity(home, name, agent).lead(f"deleting team {name!r}").close()
-        if not yes:
-            if not confirm(f"Delete team {name!r} and all its mail?"):
-                error_line(f"team {name!r} kept")
-                return EXIT_NO  # the answer was no
+        if not yes and not confirm(f"Delete team {name!r} and all its mail?"):
+            error_line(f"team {name!r} kept")
+            return EXIT_NO  # the answer was no
         delete_team(name, home)
         sys.stdout.write(f"deleted team {name}\n")
         return 0
