@@ -9,7 +9,9 @@ sets none), depth and presence apply as everywhere, and every refusal comes back
 tool error whose text is the one-line message.
 
 Blocking calls (an ask, a wait) run on worker threads; a client that cancels a call
-stops its wait, and what was sent stays sent. Nothing but the protocol goes to stdout.
+stops its wait, and what was sent stays sent. An ask waits 45 s unless told otherwise,
+under the 60 s most clients allow a call; an answer that comes later is returned by
+check_inbox. Nothing but the protocol goes to stdout.
 
 Example:
     >>> serve("demo", "analyst")    # doctest: +SKIP
@@ -27,9 +29,9 @@ import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, TextContent
 
-from ralph_mail import protocols
+from ralph_mail import protocols, settings
 from ralph_mail.bus import MessageBus
-from ralph_mail.errors import MailError
+from ralph_mail.errors import MailError, NoReply
 from ralph_mail.message import Message, MessageType
 
 _T = TypeVar("_T")
@@ -75,9 +77,9 @@ class Mailbox:
     # -- contact --------------------------------------------------------------------------
 
     def contact(self, action: str, to: str, message: str, context: str | None,
-                priority: str | None, stop: threading.Event) -> str:  # fmt: skip
+                priority: str | None, timeout: float, stop: threading.Event) -> str:  # fmt: skip
         if action == "ask":
-            return self.ask(to, message, context, priority, 120.0, stop)
+            return self.ask(to, message, context, priority, timeout, stop)
         if action == "delegate":
             task = self._locked(lambda: self.bus.delegate(to, message, context=context,
                                                           priority=priority))  # fmt: skip
@@ -93,8 +95,13 @@ class Mailbox:
 
     def ask(self, to: str, question: str, context: str | None, priority: str | None,
             timeout: float, stop: threading.Event) -> str:  # fmt: skip
-        reply = self.bus.ask(to, question, context=context, priority=priority,
-                             timeout=timeout, stop=stop)  # fmt: skip
+        """The answer; or, when none came in time, a result saying so: the answer stays
+        unread in the inbox, where check_inbox returns it."""
+        try:
+            reply = self.bus.ask(to, question, context=context, priority=priority,
+                                 timeout=timeout, stop=stop)  # fmt: skip
+        except NoReply:
+            return f"No answer from {to} within {timeout:g} s; it will come to check_inbox."
         error = reply.metadata.get("error")
         if error:
             raise MailError(f"{to} could not answer: {error}")
@@ -236,6 +243,10 @@ def describe(message: Message) -> str:
         head = f"Task {meta.get('taskId', '')} from {who} (finish with complete_task or fail_task)"
     elif kind == MessageType.TASK_RESULT:
         head = f"Result of {meta.get('taskId', '')} from {who} ({meta.get('status', 'done')})"
+    elif kind == MessageType.REPLY:
+        head = f"Reply {message.id} from {who} to your request {message.reply_to}"
+        if meta.get("error"):
+            head += f" (could not answer: {meta['error']})"
     elif kind == MessageType.MENTION:
         head = (f"{who} mentioned you in #{meta.get('channel', '')} (answer with "
                 f"post_to_channel, reply_to {message.reply_to})")  # fmt: skip
@@ -270,11 +281,14 @@ def build(team: str, agent: str, home: str | os.PathLike[str] | None = None,
 
     @tool
     async def contact_agent(action: Literal["ask", "delegate", "notify"], agentId: str,
-                            message: str, context: str | None = None,
-                            priority: Priority = None) -> CallToolResult:  # fmt: skip
-        """Reach a teammate. ask: a quick question; waits for the answer. delegate: work
-        that takes a while; its result comes to check_inbox. notify: news, no answer."""
-        return await call(lambda s: box.contact(action, agentId, message, context, priority, s))
+                            message: str, context: str | None = None, priority: Priority = None,
+                            timeout: float = settings.MCP_ASK_TIMEOUT_S,
+                            ) -> CallToolResult:  # fmt: skip
+        """Reach a teammate. ask: a quick question; waits up to timeout seconds for the
+        answer (a later one comes to check_inbox). delegate: work that takes a while; its
+        result comes to check_inbox. notify: news, no answer."""
+        return await call(lambda s: box.contact(action, agentId, message, context, priority,
+                                                timeout, s))  # fmt: skip
 
     @tool
     async def send_to_agent(target_agent: str, message: str) -> CallToolResult:
@@ -283,8 +297,10 @@ def build(team: str, agent: str, home: str | os.PathLike[str] | None = None,
 
     @tool
     async def request_from_agent(target_agent: str, task_description: str,
-                                 timeout: float = 120.0) -> CallToolResult:  # fmt: skip
-        """Ask a teammate and wait up to timeout seconds for the answer."""
+                                 timeout: float = settings.MCP_ASK_TIMEOUT_S,
+                                 ) -> CallToolResult:  # fmt: skip
+        """Ask a teammate and wait up to timeout seconds for the answer (a later one comes
+        to check_inbox)."""
         return await call(lambda s: box.ask(target_agent, task_description, None, None,
                                             timeout, s))  # fmt: skip
 

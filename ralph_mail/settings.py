@@ -64,6 +64,10 @@ HANDLED_IDS_KEPT: Final = 4096
 #: shutdown request, already consumed ones included.
 RESPOND_LOOKBACK_LINES: Final = 1000
 
+#: How long an ask through `ralph-mail mcp` waits by default (s): under the 60 s most MCP
+#: clients allow a call; an answer that comes later is returned by check_inbox.
+MCP_ASK_TIMEOUT_S: Final = 45.0
+
 #: The longest `ralph-mail demo` lets its team run before it gives up (s).
 DEMO_TIMEOUT_S: Final = 120.0
 

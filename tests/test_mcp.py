@@ -340,3 +340,39 @@ def test_the_other_tools_refuse_in_one_line(team: object, home: Path) -> None:
 
     run_in_client(home, "worker-1", body)
     lead.close()
+
+
+def test_an_ask_that_runs_out_of_time_says_so_and_its_answer_comes_to_check_inbox(
+    team: object, home: Path
+) -> None:
+    """Both ask tools take a timeout (default MCP_ASK_TIMEOUT_S, under a client's 60 s);
+    when it runs out the result says so (not an error), and the late answer is returned
+    by check_inbox."""
+    from ralph_mail import settings
+
+    worker2 = MessageBus("demo", "worker-2", home)
+    worker2.set_presence("idle")
+
+    async def main() -> None:
+        async with Client(stdio(home, "worker-1")) as client:
+            listed = await client.list_tools()
+            defaults = {tool.name: tool.input_schema["properties"].get("timeout", {}).get(
+                "default") for tool in listed.tools}  # fmt: skip
+            assert defaults["contact_agent"] == defaults["request_from_agent"] == 45.0
+            assert settings.MCP_ASK_TIMEOUT_S == 45.0
+            asked = await client.call_tool("contact_agent", {"action": "ask", "message": "6x7?",
+                                                              "agentId": "worker-2",
+                                                              "timeout": 0.1})  # fmt: skip
+            assert not asked.is_error, text(asked)
+            assert text(asked) == ("No answer from worker-2 within 0.1 s; it will come to "
+                                   "check_inbox.")  # fmt: skip
+            request = worker2.wait_for_message(MessageType.REQUEST, BOUND_S)
+            assert request is not None
+            worker2.reply(request, "42")
+            late = text(await client.call_tool("check_inbox", {"wait_seconds": BOUND_S}))
+            assert late.startswith("Reply ") and late.endswith(
+                f" from worker-2 to your request {request.id}:\n42"
+            ), late
+
+    anyio.run(main)
+    worker2.close()
