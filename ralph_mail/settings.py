@@ -64,6 +64,12 @@ HANDLED_IDS_KEPT: Final = 4096
 #: shutdown request, already consumed ones included.
 RESPOND_LOOKBACK_LINES: Final = 1000
 
+#: The longest JSON-RPC message (one line, bytes) `ralph-mail mcp` reads from its client:
+#: a little above MAX_MESSAGE_BYTES, so a message the bus accepts fits with its JSON
+#: escapes. A longer line is answered with an error and skipped, never held whole.
+MCP_MAX_REQUEST_BYTES: Final = 4 * 1024 * 1024
+#: How much of its standard input `ralph-mail mcp` reads at a time (bytes).
+MCP_READ_CHUNK_BYTES: Final = 64 * 1024
 #: How long an ask through `ralph-mail mcp` waits by default (s): under the 60 s most MCP
 #: clients allow a call; an answer that comes later is returned by check_inbox.
 MCP_ASK_TIMEOUT_S: Final = 45.0

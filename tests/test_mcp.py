@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 from conftest import BOUND_S, Processes, cli_env, ralph
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
@@ -259,10 +260,17 @@ def test_rates_and_policy_apply(team: object, home: Path) -> None:
     lead.close()
 
 
-def stdio(home: Path, agent: str) -> StdioServerParameters:
-    env = cli_env(home, RALPH_TEAM="demo", RALPH_AGENT=agent)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    return StdioServerParameters(command=sys.executable, args=["-m", "ralph_mail", "mcp"], env=env)
+def stdio(home: Path, agent: str, *before: str) -> StdioServerParameters:
+    """`ralph-mail mcp` as ``agent`` of team 'demo'; with ``before``, a shell sends those
+    lines to it ahead of the client's."""
+    environ = cli_env(home, RALPH_TEAM="demo", RALPH_AGENT=agent)
+    environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environ['PATH']}"
+    if before:
+        script = '{ printf "%s\\n" "$@"; exec cat; } | exec "$0" -m ralph_mail mcp'
+        args = ["-c", script, sys.executable, *before]
+        return StdioServerParameters(command="sh", args=args, env=environ)
+    return StdioServerParameters(command=sys.executable, args=["-m", "ralph_mail", "mcp"],
+                                 env=environ)  # fmt: skip
 
 
 def test_over_stdio_an_ask_answered_by_a_runner(team: object, home: Path, procs: Processes) -> None:
@@ -340,6 +348,70 @@ def test_the_other_tools_refuse_in_one_line(team: object, home: Path) -> None:
 
     run_in_client(home, "worker-1", body)
     lead.close()
+
+
+def server_peak_bytes() -> int:
+    """The peak resident memory of the `ralph-mail mcp` child of this process."""
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines())
+            cmdline = (status.parent / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if int(fields["PPid"]) == os.getpid() and cmdline.endswith(b"ralph_mail\0mcp\0"):
+            return int(fields["VmHWM"].split()[0]) * 1024
+    raise AssertionError("no ralph-mail mcp child")
+
+
+def test_an_over_long_request_is_refused_unread_and_the_server_goes_on(
+    team: object, home: Path
+) -> None:
+    """A request line over MCP_MAX_REQUEST_BYTES is answered with a JSON-RPC error naming
+    the limit, without the server holding it whole; the next call works."""
+    from mcp import MCPError
+
+    from ralph_mail import settings
+
+    async def main() -> None:
+        async with Client(stdio(home, "worker-1")) as client:
+            before = server_peak_bytes()
+            huge = {"target_agent": "lead", "message": "x" * (32 << 20)}
+            with pytest.raises(MCPError) as refusal:
+                await client.call_tool("send_to_agent", huge)
+            assert f"over {settings.MCP_MAX_REQUEST_BYTES} bytes" in str(refusal.value)
+            assert server_peak_bytes() - before < 16 << 20
+            sent = await client.call_tool("send_to_agent", {"target_agent": "lead",
+                                                            "message": "small"})  # fmt: skip
+            assert text(sent) == "Message sent to lead."
+
+    anyio.run(main)
+
+
+def test_a_line_that_is_not_json_gets_a_parse_error_and_the_server_goes_on(
+    team: object, home: Path
+) -> None:
+    """Each line that is not JSON is answered with a JSON-RPC parse error (-32700, id
+    null); then the client's handshake and calls work."""
+    from mcp import ClientSession
+    from mcp.client.stdio import stdio_client
+    from mcp_types import PARSE_ERROR, JSONRPCError
+
+    async def main() -> None:
+        with anyio.fail_after(BOUND_S):
+            params = stdio(home, "worker-1", "not json", "[1, 2")
+            async with stdio_client(params) as (read, write):
+                for _ in range(2):
+                    answer = await read.receive()
+                    assert not isinstance(answer, Exception), answer
+                    error = answer.message
+                    assert isinstance(error, JSONRPCError), error
+                    assert error.id is None and error.error.code == PARSE_ERROR, error
+                async with ClientSession(read, write) as session:
+                    await session.initialize()
+                    agents = await session.call_tool("list_agents", {})
+                    assert "worker-2 (member" in text(agents)
+
+    anyio.run(main)
 
 
 def test_an_ask_that_runs_out_of_time_says_so_and_its_answer_comes_to_check_inbox(
