@@ -397,14 +397,30 @@ def build(team: str, agent: str, home: str | os.PathLike[str] | None = None,
     return server, box
 
 
-def serve(team: str, agent: str, home: str | os.PathLike[str] | None = None) -> None:
-    """Serve ``agent``'s mailbox on stdio until the client goes away."""
+def start(team: str, agent: str, home: str | os.PathLike[str] | None = None,
+          ) -> tuple[MCPServer, Mailbox]:  # fmt: skip
+    """`build` and claim the inbox; a `MailError` says why the server cannot start (and
+    nothing is left held)."""
     server, box = build(team, agent, home)
-    box.start()
+    try:
+        box.start()
+    except BaseException:
+        box.close()
+        raise
+    return server, box
+
+
+def run(server: MCPServer, box: Mailbox) -> None:
+    """Serve on stdio until the client goes away, then let the inbox go."""
     try:
         anyio.run(serve_stdio, server)
     finally:
         box.close()
+
+
+def serve(team: str, agent: str, home: str | os.PathLike[str] | None = None) -> None:
+    """Serve ``agent``'s mailbox on stdio until the client goes away."""
+    run(*start(team, agent, home))
 
 
 async def serve_stdio(server: MCPServer) -> None:

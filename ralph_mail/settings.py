@@ -73,6 +73,9 @@ MCP_READ_CHUNK_BYTES: Final = 64 * 1024
 #: How long an ask through `ralph-mail mcp` waits by default (s): under the 60 s most MCP
 #: clients allow a call; an answer that comes later is returned by check_inbox.
 MCP_ASK_TIMEOUT_S: Final = 45.0
+#: How long `ralph-mail mcp` that cannot start waits for its client's initialize request,
+#: to answer it with the reason (s).
+MCP_REFUSAL_WAIT_S: Final = 5.0
 
 #: The longest `ralph-mail demo` lets its team run before it gives up (s).
 DEMO_TIMEOUT_S: Final = 120.0

@@ -260,10 +260,10 @@ def test_rates_and_policy_apply(team: object, home: Path) -> None:
     lead.close()
 
 
-def stdio(home: Path, agent: str, *before: str) -> StdioServerParameters:
-    """`ralph-mail mcp` as ``agent`` of team 'demo'; with ``before``, a shell sends those
-    lines to it ahead of the client's."""
-    environ = cli_env(home, RALPH_TEAM="demo", RALPH_AGENT=agent)
+def stdio(home: Path, agent: str, *before: str, **env: str) -> StdioServerParameters:
+    """`ralph-mail mcp` as ``agent`` of team 'demo' (``env`` overrides); with ``before``,
+    a shell sends those lines to it ahead of the client's."""
+    environ = cli_env(home, **{"RALPH_TEAM": "demo", "RALPH_AGENT": agent, **env})
     environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environ['PATH']}"
     if before:
         script = '{ printf "%s\\n" "$@"; exec cat; } | exec "$0" -m ralph_mail mcp'
@@ -448,3 +448,43 @@ def test_an_ask_that_runs_out_of_time_says_so_and_its_answer_comes_to_check_inbo
 
     anyio.run(main)
     worker2.close()
+
+
+def test_a_server_that_cannot_start_tells_the_client_why(team: object, home: Path) -> None:
+    """No agent, an unknown team, an inbox another process consumes: the client's
+    connect fails with the one-line reason (not "Connection closed"); the command answers
+    the initialize request with it, prints it on stderr and exits 2."""
+    from mcp import MCPError
+
+    holder = MessageBus("demo", "worker-2", home)
+    holder.peek()  # consumes worker-2's inbox, as a runner would
+    cases = {("worker-1", "nope"): "nope", ("", "demo"): "pass --agent NAME",
+             ("worker-2", "demo"): "worker-2"}  # fmt: skip
+
+    async def connect(agent: str, team_name: str) -> str:
+        """The error the client's connect fails with (the SDK wraps it in groups)."""
+        try:
+            with anyio.fail_after(BOUND_S):
+                async with Client(stdio(home, agent, RALPH_TEAM=team_name)):
+                    pass
+        except BaseException as exc:  # unwrapped and checked below
+            while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+                exc = exc.exceptions[0]
+            assert isinstance(exc, MCPError), repr(exc)
+            return str(exc)
+        raise AssertionError(f"{agent!r} of {team_name!r} connected")
+
+    for (agent, team_name), named in cases.items():
+        reason = anyio.run(connect, agent, team_name)
+        assert named in reason and "\n" not in reason and "Connection closed" not in reason
+    initialize = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"}}})  # fmt: skip
+    done = ralph(home, "mcp", "--team", "demo", "--agent", "worker-2",
+                 input=initialize.encode() + b"\n")  # fmt: skip
+    assert done.returncode == 2 and done.stderr.count(b"\n") == 1, done
+    answer = json.loads(done.stdout)
+    assert answer["id"] == 7 and done.stderr.decode().strip().endswith(
+        answer["error"]["message"]
+    ), answer
+    holder.close()

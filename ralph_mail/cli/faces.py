@@ -5,9 +5,20 @@ one line when it is missing."""
 from __future__ import annotations
 
 import importlib
+import json
+import os
+import select
+import time
+from typing import Final
 
+from ralph_mail import settings
+from ralph_mail.cli import EXIT_REFUSED, EXIT_USAGE, error_line
 from ralph_mail.cli.app import Agent, Home, TeamName, app, command, identity
-from ralph_mail.errors import MailError
+from ralph_mail.errors import MailError, RefusedByRules
+
+#: JSON-RPC's "internal error": what a client's opening request gets from a server that
+#: cannot start (not -32022, which would send the SDK's client probing again).
+_CANNOT_START: Final = -32603
 
 
 def _need(module: str, extra: str, what: str) -> None:
@@ -33,14 +44,55 @@ def mcp(home: Home = None, team: TeamName = None, agent: Agent = None) -> None:
     """
 
     def action() -> int:
-        _need("mcp", "mcp", "the MCP server")
-        from ralph_mail.mcp_server import serve
+        try:
+            _need("mcp", "mcp", "the MCP server")
+            from ralph_mail import mcp_server
 
-        who = identity(home, team, agent)
-        serve(who.need_team(), who.need_agent(), home)
+            who = identity(home, team, agent)
+            server, box = mcp_server.start(who.need_team(), who.need_agent(), home)
+        except MailError as exc:  # the client is told too, not left with "Connection closed"
+            error_line(str(exc))
+            _refuse_client(str(exc))
+            return EXIT_REFUSED if isinstance(exc, RefusedByRules) else EXIT_USAGE
+        mcp_server.run(server, box)
         return 0
 
     command(action)
+
+
+def _refuse_client(reason: str) -> None:
+    """Answer the MCP client's opening requests (initialize, and a discover probe before
+    it) with a JSON-RPC error whose message is ``reason``. Reads standard input for at
+    most MCP_REFUSAL_WAIT_S and MCP_MAX_REQUEST_BYTES; not at all from a terminal."""
+    deadline = time.monotonic() + settings.MCP_REFUSAL_WAIT_S
+    pending = bytearray()
+    try:
+        if os.isatty(0):
+            return
+        while len(pending) <= settings.MCP_MAX_REQUEST_BYTES:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([0], [], [], left)[0]:
+                return
+            chunk = os.read(0, settings.MCP_READ_CHUNK_BYTES)
+            if not chunk:
+                return
+            pending += chunk
+            *lines, rest = pending.split(b"\n")
+            pending = bytearray(rest)
+            for line in lines:
+                try:
+                    request = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(request, dict) or "id" not in request:
+                    continue
+                error = {"code": _CANNOT_START, "message": reason}
+                answer = {"jsonrpc": "2.0", "id": request["id"], "error": error}
+                os.write(1, json.dumps(answer).encode() + b"\n")
+                if request.get("method") == "initialize":
+                    return
+    except OSError:  # no standard input or output to speak of: stderr said it
+        return
 
 
 @app.command("top")
