@@ -21,11 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ralph_mail import settings
-from ralph_mail.errors import MailError
-from ralph_mail.store import Compaction
-from ralph_mail.store.files import FileStore
-from ralph_mail.store.files.doctor import Finding, check_home, check_leftovers, check_team
-from ralph_mail.team import list_teams, load_team
+from ralph_mail.store import Compaction, Finding, backend
+from ralph_mail.team import load_team
 
 __all__ = ["Collection", "Finding", "Report", "collect", "doctor"]
 
@@ -100,30 +97,13 @@ def collect(
 
     roster = load_team(team, home)
     store = roster.store
-    removed: list[Path] = []
     # Every inbox, then every channel's log (cut where its least advanced member is).
     logs = [*roster.names, *(f"#{channel.name}" for channel in listed(store))]
-    if not isinstance(store, FileStore):  # a backend of its own keeps its own house
-        compactions = tuple(
-            store.compact(agent, min_bytes, drop_before=drop_before) for agent in logs
-        )
-        return Collection(roster.name, compactions, ())
     try:
-        with store.maintenance_lock(timeout):
-            for path in store.stale_temp_files():
-                try:
-                    path.unlink()
-                except FileNotFoundError:
-                    continue
-                removed.append(path)
-            wait = settings.GC_INBOX_LOCK_WAIT_S
-            compactions = tuple(
-                store.compact(agent, min_bytes, timeout=wait, drop_before=drop_before)
-                for agent in logs
-            )
+        compactions, removed = store.collect(logs, min_bytes, drop_before, timeout)
     finally:
         store.close()
-    return Collection(roster.name, compactions, tuple(removed))
+    return Collection(roster.name, compactions, removed)
 
 
 def doctor(
@@ -144,31 +124,5 @@ def doctor(
         True
     """
     root = settings.home(home)
-    url = settings.backend()
-    if url.startswith(("nats://", "tls://")):  # the server keeps the teams: check it
-        from ralph_mail.store.nats import NatsBackend
-
-        found = NatsBackend(url).health()
-        checked = tuple(Finding(level, "server", text) for level, text in found)  # type: ignore[arg-type]
-        return Report(root, checked, url)
-    findings = check_home(root)
-    if not root.exists():
-        findings.append(Finding("warn", "team", f"{root} does not exist yet: no teams", root))
-        return Report(root, tuple(findings))
-    try:
-        names = [team] if team is not None else [t.name for t in list_teams(root)]
-    except MailError as exc:
-        findings.append(Finding("fail", "team", str(exc), root / "teams"))
-        return Report(root, tuple(findings))
-    if not names:
-        findings.append(Finding("ok", "team", f"no teams in {root}"))
-    for name in names:
-        try:
-            roster = load_team(name, root)
-        except MailError as exc:
-            findings.append(Finding("fail", "team", str(exc), root / "teams" / name))
-            continue
-        if isinstance(roster.store, FileStore):
-            findings.extend(check_team(roster.store, roster.names, lock_wait))
-    findings.extend(check_leftovers(root))
-    return Report(root, tuple(findings))
+    place = backend(root, settings.backend())
+    return Report(root, tuple(place.doctor(team, lock_wait)), place.where())

@@ -22,7 +22,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from pathlib import Path
+from typing import Any, Final, Literal, Protocol
 
 from ralph_mail.errors import InvalidName
 
@@ -66,6 +67,37 @@ def check_key(key: object, what: str = "key") -> str:
             "starting with a letter or digit"
         )
     return key
+
+
+Level = Literal["ok", "warn", "fail"]
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One result of a health check (`Backend.doctor`).
+
+    Attributes:
+        level: ``"ok"``, ``"warn"`` (works, but look at it) or ``"fail"`` (a guarantee
+            does not hold).
+        check: what was checked: filesystem, inotify, permissions, team, inbox, cursor,
+            deadletters, lock, temp, server.
+        message: what was found and, when it is not ok, how to fix it.
+        path: the file or directory concerned, if any.
+    """
+
+    level: Level
+    check: str
+    message: str
+    path: Path | None = None
+
+    def to_dict(self) -> dict[str, str | None]:
+        """The finding as a JSON-ready dict."""
+        return {
+            "level": self.level,
+            "check": self.check,
+            "message": self.message,
+            "path": str(self.path) if self.path is not None else None,
+        }
 
 
 @dataclass
@@ -228,6 +260,14 @@ class TeamStore(Protocol):
         ``drop_before`` (a ts) when nothing older is archived. ``timeout``: how long to
         wait for a sender's lock (`LockTimeout` after)."""
 
+    def collect(
+        self, logs: list[str], min_bytes: int, drop_before: str | None, timeout: float
+    ) -> tuple[tuple[Compaction, ...], tuple[Path, ...]]:
+        """gc: `compact` each of ``logs`` (inboxes and ``#NAME`` channel logs), with the
+        backend's own housekeeping around it (the file backend: one run at a time per
+        team, waited for up to ``timeout`` seconds, and the temp files of killed runs
+        removed); return the compactions and what was removed."""
+
     def collectable(self, agent: str, floor: int) -> int:
         """Bytes below ``floor`` still kept: a cheap test of whether to compact."""
 
@@ -292,6 +332,13 @@ class Backend(Protocol):
 
     def remove_team(self, name: str) -> None:
         """Delete a team and all it keeps, at once and whole."""
+
+    def doctor(self, team: str | None, lock_wait: float) -> list[Finding]:
+        """Check what this backend's guarantees rest on, for every team (or ``team``),
+        changing nothing: each problem with its fix."""
+
+    def where(self) -> str:
+        """What `doctor` checked, as a person names it (a home, a server's URL)."""
 
     def team_store(self, name: str, *, durable: bool = False) -> TeamStore:
         """The `TeamStore` of team ``name`` (its files are opened when first used)."""

@@ -14,11 +14,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ralph_mail.errors import StoreError
 from ralph_mail.message import format_ts
-from ralph_mail.store.base import Compaction, Cursor, StopEvent, check_key
+from ralph_mail.store.base import Compaction, Cursor, Finding, StopEvent, check_key
 
 if TYPE_CHECKING:
     from ralph_mail.store.base import Query
@@ -89,6 +90,13 @@ class MemoryBackend:
         with self.changed:
             del self.teams[name]
             self.changed.notify_all()
+
+    def doctor(self, team: str | None, lock_wait: float) -> list[Finding]:
+        found = f"{len(self.team_names())} teams in this process's memory"
+        return [Finding("ok", "team", found)]
+
+    def where(self) -> str:
+        return "this process's memory"
 
     def team_store(self, name: str, *, durable: bool = False) -> MemoryStore:
         return MemoryStore(self, name, durable)
@@ -294,6 +302,13 @@ class MemoryStore:
             del inbox.data[:cut]
             inbox.base = floor
             return Compaction(agent, cut, len(inbox.data), inbox.base, dropped)
+
+    def collect(
+        self, logs: list[str], min_bytes: int, drop_before: str | None, timeout: float
+    ) -> tuple[tuple[Compaction, ...], tuple[Path, ...]]:
+        """gc: each log compacted; this backend keeps no temp files to remove."""
+        compactions = tuple(self.compact(log, min_bytes, drop_before=drop_before) for log in logs)
+        return compactions, ()
 
     def collectable(self, agent: str, floor: int) -> int:
         with self.place.changed:

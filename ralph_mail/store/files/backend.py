@@ -25,7 +25,7 @@ import orjson
 from ralph_mail.errors import InboxBusy, LockTimeout, StoreError
 from ralph_mail.message import check_name, format_ts
 from ralph_mail.settings import FILE_MODE
-from ralph_mail.store.base import Compaction, Cursor, check_key
+from ralph_mail.store.base import Compaction, Cursor, Finding, check_key
 from ralph_mail.store.files.archive import Archive
 from ralph_mail.store.files.inbox import READ_MAX_BYTES, InboxLog, InboxState
 from ralph_mail.store.files.layout import (
@@ -800,6 +800,27 @@ class FileStore:
         finally:
             lock.release()
 
+    def collect(
+        self, logs: list[str], min_bytes: int, drop_before: str | None, timeout: float
+    ) -> tuple[tuple[Compaction, ...], tuple[Path, ...]]:
+        """gc under the team's ``gc.lock``: the temp files of killed runs go, then each
+        log is compacted (each under its own lock, waited for briefly)."""
+        from ralph_mail import settings
+
+        removed: list[Path] = []
+        with self.maintenance_lock(timeout):
+            for path in self.stale_temp_files():
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    continue
+                removed.append(path)
+            wait = settings.GC_INBOX_LOCK_WAIT_S
+            compactions = tuple(
+                self.compact(log, min_bytes, timeout=wait, drop_before=drop_before) for log in logs
+            )
+        return compactions, tuple(removed)
+
     def stale_temp_files(self) -> list[Path]:
         """Temp files (``.NAME.PID.gc`` or ``.tmp``) whose writer died before its rename."""
         stale = []
@@ -994,6 +1015,16 @@ class FileBackend:
 
     def __init__(self, home: Path) -> None:
         self.home = home
+
+    def doctor(self, team: str | None, lock_wait: float) -> list[Finding]:
+        """File system, inotify, permissions, inboxes, cursors, dead letters, locks and
+        leftovers of killed processes (`ralph_mail.store.files.doctor`)."""
+        from ralph_mail.store.files import doctor
+
+        return doctor.check(self.home, team, lock_wait)
+
+    def where(self) -> str:
+        return str(self.home)
 
     def create_team(self, name: str, agents: list[str], roster: bytes) -> None:
         try:

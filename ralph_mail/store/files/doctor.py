@@ -11,17 +11,15 @@ import os
 import stat
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final
 
 from ralph_mail import settings
 from ralph_mail.errors import MailError
-from ralph_mail.store.files import FileStore
+from ralph_mail.store.base import Finding
+from ralph_mail.store.files.backend import FileStore
 from ralph_mail.store.files.layout import teams_dir
 from ralph_mail.store.files.posix import pid_alive, pid_stopped
-
-Level = Literal["ok", "warn", "fail"]
 
 #: Where the mount table is read (a module attribute so tests can point it elsewhere).
 MOUNTINFO = Path("/proc/self/mountinfo")
@@ -42,32 +40,39 @@ LOCAL_FILE_SYSTEMS: Final = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """One result of a doctor check.
+def check(root: Path, team: str | None, lock_wait: float) -> list[Finding]:
+    """Every check of a home (or of one of its teams): `FileBackend.doctor`."""
+    import orjson
 
-    Attributes:
-        level: ``"ok"``, ``"warn"`` (works, but look at it) or ``"fail"`` (a guarantee
-            does not hold).
-        check: what was checked: filesystem, inotify, permissions, team, inbox, cursor,
-            deadletters, lock, temp.
-        message: what was found and, when it is not ok, how to fix it.
-        path: the file or directory concerned, if any.
-    """
+    from ralph_mail.store.files.backend import FileBackend
 
-    level: Level
-    check: str
-    message: str
-    path: Path | None = None
-
-    def to_dict(self) -> dict[str, str | None]:
-        """The finding as a JSON-ready dict."""
-        return {
-            "level": self.level,
-            "check": self.check,
-            "message": self.message,
-            "path": str(self.path) if self.path is not None else None,
-        }
+    findings = check_home(root)
+    if not root.exists():
+        findings.append(Finding("warn", "team", f"{root} does not exist yet: no teams", root))
+        return findings
+    backend = FileBackend(root)
+    try:
+        names = [team] if team is not None else backend.team_names()
+    except MailError as exc:
+        findings.append(Finding("fail", "team", str(exc), root / "teams"))
+        return findings
+    if not names:
+        findings.append(Finding("ok", "team", f"no teams in {root}"))
+    for name in names:
+        try:
+            roster = orjson.loads(backend.read_roster(name))
+            members = tuple(str(member["name"]) for member in roster["members"])
+        except FileNotFoundError:
+            findings.append(Finding("fail", "team", f"no team {name!r} in {root}",
+                                    teams_dir(root) / name))  # fmt: skip
+            continue
+        except (MailError, ValueError, KeyError, TypeError) as exc:
+            findings.append(Finding("fail", "team", f"team {name!r}: its roster is unreadable "
+                                    f"({exc})", teams_dir(root) / name))  # fmt: skip
+            continue
+        findings.extend(check_team(backend.team_store(name), members, lock_wait))
+    findings.extend(check_leftovers(root))
+    return findings
 
 
 def check_home(root: Path) -> list[Finding]:

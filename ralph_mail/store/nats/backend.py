@@ -48,13 +48,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import orjson
 
 from ralph_mail.errors import InboxBusy, StoreError
 from ralph_mail.message import format_ts
-from ralph_mail.store.base import Compaction, Cursor, check_key
+from ralph_mail.store.base import Compaction, Cursor, Finding, check_key
 from ralph_mail.store.nats.wire import (
     REQUEST_S,
     NeverReached,
@@ -875,6 +876,13 @@ class NatsStore:
                 readers.append(name)  # (a deleted cursor keeps its subject, empty)
         return readers
 
+    def collect(
+        self, logs: list[str], min_bytes: int, drop_before: str | None, timeout: float
+    ) -> tuple[tuple[Compaction, ...], tuple[Path, ...]]:
+        """gc: each log compacted; this backend keeps no temp files to remove."""
+        compactions = tuple(self.compact(log, min_bytes, drop_before=drop_before) for log in logs)
+        return compactions, ()
+
     def collectable(self, agent: str, floor: int) -> int:
         """From the bucket's watch (a test after every consume: no round trip); a base
         moved a moment ago elsewhere only makes `compact` look, and it reads it exactly."""
@@ -1130,6 +1138,13 @@ class NatsBackend:
             await teams.delete(_hex(name))
 
         link.run(remove())
+
+    def doctor(self, team: str | None, lock_wait: float) -> list[Finding]:
+        """The server answers, JetStream is on, each team's stream keeps its messages."""
+        return [Finding(level, "server", text) for level, text in self.health()]  # type: ignore[arg-type]
+
+    def where(self) -> str:
+        return self.url
 
     def health(self) -> list[tuple[str, str]]:
         """``(level, message)`` findings for ``ralph-mail doctor``: the server answers,
