@@ -71,7 +71,6 @@ class MessageBus(Mailbox):
                          backend=backend)  # fmt: skip
         self.gate: Gate
         self._channels: Channels | None = None
-        self.on_read(self._release_held)
 
     @property
     def default_rate(self) -> int | None:
@@ -372,7 +371,7 @@ class MessageBus(Mailbox):
 
         return tasks.wait_for_result(self, task, timeout, since)
 
-    def _release_held(self) -> None:
+    def _before_read(self) -> None:
         from ralph_mail.talk import tasks
 
         tasks.release_held(self)

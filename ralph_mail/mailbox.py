@@ -138,7 +138,6 @@ class Mailbox:
         self.asking: set[str] = set()
         self._touched = -_TOUCH_EVERY_S  # when this mailbox last noted its agent as active
         self._myself: tuple[Team, Member] | None = None
-        self._on_read: list[Callable[[], None]] = []
         #: The agents the request this process handles passed through (``RALPH_CHAIN``):
         #: a request this mailbox sends carries it on, plus me.
         try:
@@ -449,10 +448,9 @@ class Mailbox:
         """Note that presence was just saved (no second save within the second)."""
         self._touched = time.monotonic()
 
-    def on_read(self, hook: Callable[[], None]) -> None:
-        """Run ``hook`` before a read, at most once a second (the rooms' deferred work:
-        assignments held for a sleeping agent)."""
-        self._on_read.append(hook)
+    def _before_read(self) -> None:
+        """Run before a read, at most once a second: the rooms' deferred work (a subclass
+        releases assignments held for a sleeping agent)."""
 
     # -- reading ------------------------------------------------------------------------
 
@@ -485,8 +483,7 @@ class Mailbox:
                 self._compact()
             cursor = self._load()
             if self.touch():
-                for hook in self._on_read:
-                    hook()
+                self._before_read()
             while True:
                 data, offset = self._store.read(self.agent, self._scanned)
                 if offset < self._scanned:

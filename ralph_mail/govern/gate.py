@@ -24,6 +24,7 @@ lead's: `Gate.require_lead`.
 from __future__ import annotations
 
 import time
+import weakref
 from typing import TYPE_CHECKING, Final
 
 from ralph_mail import settings
@@ -68,7 +69,9 @@ class Gate:
     """
 
     def __init__(self, box: Mailbox, default_rate: int | None) -> None:
-        self._box = box
+        # A proxy, not the mailbox: no cycle keeps a dropped mailbox (and its descriptors,
+        # its claim on the inbox) alive until the cyclic GC runs.
+        self._box: Mailbox = weakref.proxy(box)
         if default_rate is not None:
             from ralph_mail.govern.policy import check_rate
 
