@@ -32,9 +32,7 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import os
-import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -46,7 +44,7 @@ import orjson
 
 from ralph_mail import protocols
 from ralph_mail.bus import MessageBus
-from ralph_mail.children import kill_group, spawn
+from ralph_mail.children import communicate, end, spawn
 from ralph_mail.errors import InvalidMessage, MailError, ProtocolError, StoreError
 from ralph_mail.message import Message, MessageType, check_name, format_ts, parse_ts
 from ralph_mail.settings import (
@@ -62,6 +60,8 @@ from ralph_mail.talk import tasks
 from ralph_mail.team import load_team
 
 _STATE_VERSION = 2
+#: The most of a review command's stdout (and stderr) kept for its feedback (bytes).
+_REVIEW_OUTPUT_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,32 +261,28 @@ def command_reviewer(command: str, timeout: float = PLAN_REVIEW_TIMEOUT_S) -> Pl
             RALPH_PLAN_ID=plan.message.id,
         )
         try:
-            # A session of its own: on a timeout the whole group (a pipeline, a grandchild)
-            # is killed, and a Ctrl-C at the lead's terminal is the lead's to handle.
+            # A session of its own, under a keeper: on a timeout, or once it exits, what
+            # it started is killed (a pipeline, a daemon), and a Ctrl-C at the lead's
+            # terminal is the lead's to handle.
             child = spawn(["/bin/sh", "-c", command], env)
         except OSError as exc:
             return False, f"plan review command could not start ({exc.strerror}): {command}"
         try:
-            out, err = child.communicate(plan.text.encode(), timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(child)
+            # What it printed by the time it exited: a job it left in the background,
+            # holding the pipes, is not waited for.
+            code, out, _, err = communicate(
+                child, plan.text.encode(), timeout, _REVIEW_OUTPUT_BYTES, _REVIEW_OUTPUT_BYTES
+            )
+        finally:
+            end(child)
+        if code is None:
             return False, f"plan review command timed out after {timeout:g}s: {command}"
-        except BaseException:
-            _kill_group(child)
-            raise
         feedback = out.decode(errors="replace").strip() or err.decode(errors="replace").strip()
-        if child.returncode == 0:
+        if code == 0:
             return True, feedback or "approved"
-        return False, feedback or f"rejected by {command!r} (exit status {child.returncode})"
+        return False, feedback or f"rejected by {command!r} (exit status {code})"
 
     return review
-
-
-def _kill_group(child: subprocess.Popen[bytes]) -> None:
-    kill_group(child)
-    # A grandchild that left the group may hold the pipes open: do not wait for it for ever.
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        child.communicate(timeout=PLAN_REVIEW_TIMEOUT_S)
 
 
 class TeamOrchestrator:
