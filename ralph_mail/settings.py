@@ -76,6 +76,9 @@ MCP_ASK_TIMEOUT_S: Final = 45.0
 #: How long `ralph-mail mcp` that cannot start waits for its client's initialize request,
 #: to answer it with the reason (s).
 MCP_REFUSAL_WAIT_S: Final = 5.0
+#: The most history `ralph-mail run` puts before a request on a command's stdin (bytes):
+#: the oldest messages are left out first, and the first line of the input says so.
+RUN_HISTORY_MAX_BYTES: Final = 64 * 1024
 
 #: The longest `ralph-mail demo` lets its team run before it gives up (s).
 DEMO_TIMEOUT_S: Final = 120.0

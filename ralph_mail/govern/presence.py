@@ -4,7 +4,9 @@ An agent is *online* while a process of it consumes its inbox (the consumer clai
 lock the kernel drops when that process dies, so a kill -9 cannot leave it looking
 online) or when it was active within the team's ``presence_timeout`` (default 60 s):
 any send, read or wait, even one that found no mail, and `MessageBus.set_presence`.
-An explicit ``sleeping`` is reported until its ``until``, process or not.
+An explicit ``sleeping`` is reported until its ``until``, process or not. A process that
+stops cleanly says so (`went_offline`): the agent is offline from then on, not for
+``presence_timeout`` more, until anything of it is active again.
 
 Example:
     >>> [(a.name, a.presence) for a in bus.agents()]        # doctest: +SKIP
@@ -29,7 +31,7 @@ from ralph_mail.team import Team
 if TYPE_CHECKING:
     from ralph_mail.mailbox import Mailbox
 
-#: What an agent may say it is doing; ``offline`` is only ever inferred.
+#: What an agent may say it is doing; ``offline`` is inferred, or recorded by `went_offline`.
 STATES = ("idle", "working", "sleeping", "awaiting_approval", "awaiting_delegation")
 
 
@@ -115,6 +117,13 @@ def read(store: TeamStore, agent: str) -> dict[str, str]:
     return {key: str(found.get(key, "")) for key in ("state", "until", "last_seen")}
 
 
+def went_offline(store: TeamStore, agent: str) -> None:
+    """Record that ``agent``'s process stopped cleanly: offline until its next activity.
+    (The record's ``until`` holds when: a later ``last_seen`` ends it.)"""
+    now = format_ts(time.time_ns() // 1000)
+    store.save_presence(agent, record("offline", now, now))
+
+
 def check_state(state: str) -> str:
     """Return ``state`` if an agent may set it."""
     if state not in STATES:
@@ -129,6 +138,9 @@ def presence_of(team: Team, agent: str, now: float | None = None) -> tuple[str, 
     stamp = format_ts(int(now * 1_000_000))
     if found["state"] == "sleeping" and found["until"] > stamp:
         return "sleeping", found["last_seen"], found["until"]
+    if (found["state"] == "offline" and found["last_seen"] <= found["until"]
+            and team.store.consumer(agent) is None):  # fmt: skip
+        return "offline", found["last_seen"], ""  # stopped cleanly, nothing active since
     timeout = settings.team_setting("presence_timeout", dict(team.config))
     recent = format_ts(int((now - timeout) * 1_000_000))
     online = team.store.consumer(agent) is not None or found["last_seen"] >= recent
