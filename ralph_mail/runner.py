@@ -23,19 +23,21 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import IO, Final
+from typing import Final
 
 import orjson
 
+from ralph_mail import presence, settings
 from ralph_mail.bus import MessageBus
-from ralph_mail.children import kill_group, spawn
-from ralph_mail.errors import InvalidMessage, MailError, PermissionDenied
+from ralph_mail.children import communicate, end, spawn
+from ralph_mail.errors import InvalidMessage, MailError, RefusedByRules
 from ralph_mail.message import Message, MessageType
 from ralph_mail.store.base import StopEvent, Waiter
 
@@ -47,80 +49,42 @@ PATTERNS: Final[dict[str, str]] = {
 STOP_GRACE_S: Final = 10.0
 #: Room kept for the envelope when a child's output becomes a message (bytes).
 _ENVELOPE_ROOM: Final = 4096
-#: How long the pipes of a finished (or killed) child are read for at most (s).
-_JOIN_S: Final = 5.0
 #: The most of a child's standard error kept for the error it reports.
 _STDERR_KEPT: Final = 2000
+#: What makes a request one the runner cannot answer (rather than a store failing, which
+#: stops the runner so the request is met again): a refused or malformed message.
+_CANNOT: Final = (ValueError, LookupError, RefusedByRules)
+#: What answering with the error instead means, by message type.
+_INSTEAD: Final = {
+    "request": "replied with the error", "task_assignment": "failed the task",
+    "mention": "passed the turn",
+}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """How one run ended: ``output`` (its stdout), or ``error`` (why it failed)."""
+    """How one run ended: ``output`` (its stdout), or ``error`` (why it failed);
+    ``status`` says how, for the log (``exit 0``, ``killed after 120 s``...)."""
 
     output: str = ""
     error: str = ""
+    status: str = "exit 0"
 
 
-def _communicate(
-    child: subprocess.Popen[bytes], stdin: bytes, timeout: float, limit: int
-) -> tuple[int | None, bytes, bool, bytes]:
-    """Feed ``stdin``, keep at most ``limit`` bytes of stdout (and the end of stderr),
-    reading the rest away so the child never blocks; ``(exit code or None when it ran
-    past ``timeout`` and its group was killed, stdout, whether it was cut, stderr)``."""
-    kept: dict[str, bytes] = {}
-    cut = False
-
-    def feed() -> None:
-        assert child.stdin is not None
-        with contextlib.suppress(BrokenPipeError, OSError):
-            child.stdin.write(stdin)
-        with contextlib.suppress(OSError):
-            child.stdin.close()
-
-    def drain(name: str, stream: IO[bytes], most: int, tail: bool) -> None:
-        nonlocal cut
-        buffer, total, fd = bytearray(), 0, stream.fileno()
-        while chunk := os.read(fd, 1 << 16):
-            total += len(chunk)
-            if tail:
-                buffer = (buffer + chunk)[-most:]
-            elif len(buffer) < most:
-                buffer += chunk[: most - len(buffer)]
-        if not tail and total > most:
-            cut = True
-        kept[name] = bytes(buffer)
-
-    assert child.stdout is not None and child.stderr is not None
-    threads = [
-        threading.Thread(target=feed, daemon=True),
-        threading.Thread(target=drain, args=("out", child.stdout, limit, False), daemon=True),
-        threading.Thread(target=drain, args=("err", child.stderr, _STDERR_KEPT, True), daemon=True),
-    ]
-    for thread in threads:
-        thread.start()
-    try:
-        code: int | None = child.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_group(child)
-        child.wait()
-        code = None
-    for thread in threads:
-        thread.join(timeout=_JOIN_S)  # a grandchild holding the pipes must not hang us
-    for stream in (child.stdout, child.stderr):
-        with contextlib.suppress(OSError):
-            stream.close()
-    return code, kept.get("out", b""), cut, kept.get("err", b"")
-
-
-def prompt(message: Message, history: Sequence[Message], pattern: str) -> str:
+def prompt(message: Message, history: Sequence[Message], pattern: str, left_out: int = 0) -> str:
     """The text a run reads on stdin: the conversation so far, then the request headed
-    as the seeds head it (``[Agent Request from X | Pattern: ask]``)."""
+    as the seeds head it (``[Agent Request from X | Pattern: ask]``). ``left_out``: how
+    many older messages the history's size cap dropped (said on the first line)."""
     lines = []
+    if left_out:
+        cap = settings.RUN_HISTORY_MAX_BYTES
+        lines.append(f"[{left_out} earlier message{'s' if left_out > 1 else ''} left out: "
+                     f"the history is capped at {cap:,} bytes]")  # fmt: skip
     if history:
         channel = message.metadata.get("channel", "") if pattern == "mention" else ""
         lines.append(f"[Channel #{channel} history]" if channel
                      else f"[Conversation history with {message.from_agent}]")  # fmt: skip
-        lines += [f"{m.ts[:16].replace('T', ' ')} [{m.from_agent}] {m.content}" for m in history]
+        lines += [_history_line(m) for m in history]
         lines.append("")
     head = f"[Agent Request from {message.from_agent} | Pattern: {pattern}"
     if pattern == "mention":
@@ -134,10 +98,37 @@ def prompt(message: Message, history: Sequence[Message], pattern: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _history_line(message: Message) -> str:
+    return f"{message.ts[:16].replace('T', ' ')} [{message.from_agent}] {message.content}"
+
+
+def capped(history: list[Message], size: Callable[[Message], int]) -> tuple[list[Message], int]:
+    """The newest messages of ``history`` whose ``size`` adds up to at most
+    `settings.RUN_HISTORY_MAX_BYTES`, and how many older ones were left out."""
+    room, kept = settings.RUN_HISTORY_MAX_BYTES, len(history)
+    while kept and room - size(history[kept - 1]) >= 0:
+        room -= size(history[kept - 1])
+        kept -= 1
+    return history[kept:], kept
+
+
+def _what(message: Message) -> str:
+    """A request as the log names it: ``ask from lead (0123456789ab)``."""
+    pattern = PATTERNS.get(str(message.type), str(message.type))
+    where = f" in #{message.metadata.get('channel', '')}" if pattern == "mention" else ""
+    return f"{pattern} from {message.from_agent}{where} ({message.id})"
+
+
+def _why(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _note(text: str) -> None:
+    """One line on stderr (what it quotes cannot break it: control characters escaped)."""
     import sys
 
-    sys.stderr.write(f"ralph-mail: note: {text}\n")
+    line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    sys.stderr.write(f"ralph-mail: note: {line}\n")
 
 
 class _Either:
@@ -184,6 +175,11 @@ class Runner:
             raise InvalidMessage(f"invalid history {history!r}: give a count >= 0")
         if format not in ("text", "json"):
             raise InvalidMessage(f"invalid format {format!r}: text or json")
+        if shutil.which(command[0]) is None:
+            raise InvalidMessage(
+                f"cannot run {command[0]!r}: no such command on PATH, nor an executable file "
+                "of that name: install it, or give its path after '--'"
+            )
         self.command = list(command)
         self.jobs, self.timeout, self.history, self.format = jobs, timeout, history, format
         self.bus = MessageBus(team, agent, home, default_rate=10)
@@ -198,7 +194,8 @@ class Runner:
     ) -> None:
         """Answer what comes until ``stop`` is set; then let running jobs finish (killing
         them after `STOP_GRACE_S`). `InboxBusy` when another process consumes the inbox.
-        ``ready`` is called once the agent is online."""
+        ``ready`` is called once the agent is online. Once stopped it is offline (until
+        anything of the agent is active again)."""
         self.bus.peek()  # claims the inbox (a second runner is refused here): online now
         self.bus.set_presence("idle")
         if ready is not None:
@@ -221,12 +218,19 @@ class Runner:
                             continue
                         pattern = PATTERNS.get(str(message.type))
                         if pattern == "mention":
-                            turn = self.bus.channels.turn(message)
+                            try:
+                                turn = self.bus.channels.turn(message)
+                                if turn.standing == "wait":
+                                    keys.update(self.bus.channels.watch_keys(message))
+                            except _CANNOT as exc:  # a channel it cannot take turns in
+                                _note(f"could not answer {_what(message)} ({_why(exc)}): "
+                                      "set aside")  # fmt: skip
+                                self.bus.consume(message)
+                                continue
                             if turn.standing == "done":  # answered before a restart
                                 self.bus.consume(message)
                                 continue
                             if turn.standing == "wait":
-                                keys.update(self.bus.channels.watch_keys(message))
                                 wake = min(wake, turn.until)
                                 continue
                         if pattern is None:  # a note: the next run sees it in history
@@ -250,30 +254,58 @@ class Runner:
             finally:
                 if watching[1] is not None:
                     watching[1].close()
-                self._collect(running, wait_s=STOP_GRACE_S)
+                self._collect(running, wait_s=STOP_GRACE_S, every=True)
                 for child in list(self._children.values()):
-                    kill_group(child)
-                self._collect(running, wait_s=self.timeout)
+                    end(child)  # the job's whole tree; its answer (the error) goes out
+                self._collect(running, wait_s=self.timeout, every=True)
                 with contextlib.suppress(MailError):
-                    self.bus.set_presence("idle")
+                    presence.went_offline(self.bus.store, self.bus.agent)
 
-    def _collect(self, running: dict[Future[None], Message], wait_s: float) -> None:
-        """Consume the requests whose runs ended and were answered (waiting up to
-        ``wait_s`` for one); a job that failed to answer raises here."""
-        if not running:
-            return
-        done, _ = wait(running, timeout=wait_s, return_when=FIRST_COMPLETED)
-        for future in done:
-            message = running.pop(future)
-            future.result()
-            self.bus.consume(message)
+    def _collect(
+        self, running: dict[Future[None], Message], wait_s: float, every: bool = False
+    ) -> None:
+        """Consume the requests whose runs ended and were answered, waiting up to
+        ``wait_s`` for one (``every``: for all); a job that failed to answer raises here."""
+        deadline = time.monotonic() + wait_s
+        while running:
+            left = max(0.0, deadline - time.monotonic())
+            done, _ = wait(running, timeout=left, return_when=FIRST_COMPLETED)
+            for future in done:
+                message = running.pop(future)
+                future.result()
+                self.bus.consume(message)
+            if not every or not done:
+                return
 
     def _job(self, message: Message, pattern: str) -> None:
         """One request, on a pool thread with a bus of its own (the runner's bus, which
-        consumes, stays on its thread): read the history, run, send the answer."""
+        consumes, stays on its thread): read the history, run, send the answer, log one
+        line. A request it cannot run, or whose answer is refused, gets the error
+        instead (an error reply, a failed task, a passed turn); when that is refused
+        too it is set aside. Either way it is consumed after, with one line on stderr."""
         bus = self._thread_bus()
-        outcome = self._run(message, pattern, self._history(bus, message))
-        self._answer(bus, message, outcome)
+        began = time.monotonic()
+        try:
+            outcome = self._run(message, pattern, self._history(bus, message))
+        except _CANNOT as exc:  # its history cannot be read: a channel it cannot be in
+            why = f"cannot answer this request: {exc}"
+            outcome = Outcome(error=why, status=f"not run ({why})")
+        _note(f"{_what(message)}: {outcome.status} in {time.monotonic() - began:.2f} s")
+        try:
+            self._answer(bus, message, outcome)
+            return
+        except _CANNOT as exc:
+            refused = exc
+        if not outcome.error:
+            try:
+                self._answer(bus, message, Outcome(error=f"the answer was refused: {refused}"))
+            except _CANNOT:
+                pass
+            else:
+                _note(f"could not answer {_what(message)} ({_why(refused)}): "
+                      f"{_INSTEAD[str(message.type)]} instead")  # fmt: skip
+                return
+        _note(f"could not answer {_what(message)} ({_why(refused)}): set aside")
 
     def _thread_bus(self) -> MessageBus:
         bus: MessageBus | None = getattr(self._local, "bus", None)
@@ -288,13 +320,10 @@ class Runner:
         """Send the run's answer (the request is consumed after, never before)."""
         if message.type == MessageType.MENTION:
             name, post = message.metadata.get("channel", ""), message.reply_to or ""
-            try:
-                if outcome.output and not outcome.error:
-                    bus.channels.post(name, outcome.output, post, chain=tuple(message.chain))
-                else:  # nothing to say, or it failed: the next member goes on
-                    bus.channels.pass_turn(name, post)
-            except (InvalidMessage, PermissionDenied) as exc:  # left the channel, or it went
-                _note(f"{bus.agent} cannot answer in #{name}: {exc}")
+            if outcome.output and not outcome.error:
+                bus.channels.post(name, outcome.output, post, chain=tuple(message.chain))
+            else:  # nothing to say, or it failed: the next member goes on
+                bus.channels.pass_turn(name, post)
         elif message.type == MessageType.REQUEST:
             if outcome.error:
                 bus.reply(message, outcome.error, {"error": outcome.error})
@@ -317,11 +346,15 @@ class Runner:
         """One run of the command for ``message`` (on a pool thread: no mailbox use)."""
         history = [m for m in past if m.id not in (message.id, message.reply_to)]
         if self.format == "json":
-            document = {"pattern": pattern, "message": message.to_dict(),
-                        "history": [m.to_dict() for m in history]}  # fmt: skip
+            history, left_out = capped(history, lambda m: len(orjson.dumps(m.to_dict())) + 1)
+            document: dict[str, object] = {"pattern": pattern, "message": message.to_dict(),
+                                           "history": [m.to_dict() for m in history]}  # fmt: skip
+            if left_out:
+                document["history_left_out"] = left_out
             stdin = orjson.dumps(document) + b"\n"
         else:
-            stdin = prompt(message, history, pattern).encode()
+            history, left_out = capped(history, lambda m: len(_history_line(m).encode()) + 1)
+            stdin = prompt(message, history, pattern, left_out).encode()
         env = dict(os.environ)
         env.update(
             RALPH_HOME=self.home, RALPH_TEAM=self.bus.team.name, RALPH_AGENT=self.bus.agent,
@@ -335,21 +368,23 @@ class Runner:
             env["RALPH_CHANNEL"] = message.metadata.get("channel", "")
         try:
             child = spawn(self.command, env)
-        except OSError as exc:
-            return Outcome(error=f"cannot run {self.command[0]!r}: {exc.strerror or exc}")
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in what goes in its environment
+            why = f"cannot run {self.command[0]!r}: {getattr(exc, 'strerror', None) or exc}"
+            return Outcome(error=why, status=f"not run ({why})")
         self._children[message.id] = child
         limit = max(1024, self.bus.max_message_bytes - _ENVELOPE_ROOM)
         try:
-            code, out, cut, err = _communicate(child, stdin, self.timeout, limit)
+            code, out, cut, err = communicate(child, stdin, self.timeout, limit, _STDERR_KEPT)
         finally:
-            kill_group(child)  # what it left running in its group (a daemon) goes too
+            end(child)  # what it left running (a daemon, even out of its session) goes too
             self._children.pop(message.id, None)
         if code is None:
-            return Outcome(error=f"{self.command[0]} ran past {self.timeout:g} s: killed")
+            return Outcome(error=f"{self.command[0]} ran past {self.timeout:g} s: killed",
+                           status=f"killed after {self.timeout:g} s")  # fmt: skip
         if code != 0:
             said = err.decode("utf-8", "replace").strip()[-_STDERR_KEPT:]
             return Outcome(error=f"{self.command[0]} exited {code}"
-                           + (f": {said}" if said else ""))  # fmt: skip
+                           + (f": {said}" if said else ""), status=f"exit {code}")  # fmt: skip
         text = out.decode("utf-8", "replace")
         text = text[:-1] if text.endswith("\n") and not cut else text
         if cut:

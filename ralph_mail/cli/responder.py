@@ -19,7 +19,7 @@ def run(
     jobs: Annotated[int, Option("--jobs", help="Runs at once.", metavar="N")] = 4,
     timeout: Annotated[
         float,
-        Option("--timeout", help="Kill a run (its process group) after S seconds.", metavar="S"),
+        Option("--timeout", help="Kill a run (and all it started) after S seconds.", metavar="S"),
     ] = 120.0,
     history: Annotated[
         int,
@@ -38,7 +38,8 @@ def run(
     """Answer as AGENT with a command: each request, delegation and channel mention runs it
     once, with the conversation on its stdin; its stdout is the reply, the task's result or
     the answer in the channel (a non-zero exit or a timeout sends the error; a mention's
-    turn passes). Ctrl-C or SIGTERM: finish running jobs, exit 0.
+    turn passes). One line per job on stderr. Ctrl-C or SIGTERM: finish running jobs,
+    go offline, exit 0.
 
     \b
     Example:
