@@ -1,12 +1,12 @@
 """Child processes the library runs (a plan review, a responder's command).
 
 Each runs in a session of its own, so a Ctrl-C at the parent's terminal stays the
-parent's to handle. On Linux a small *keeper* stands between the parent and the
-command: a child subreaper (``PR_SET_CHILD_SUBREAPER``), so every process the command
-starts, a daemon that left its session with ``setsid`` included, stays below it. When
-the command exits, or the keeper gets SIGTERM (`end`), the keeper kills what is left
-of that tree, reaps it, and exits with the command's status. Elsewhere the command is
-the child itself, and `end` kills its process group.
+parent's to handle. On Linux a small *keeper* (`ralph_mail._keeper`) stands between
+the parent and the command: a child subreaper (``PR_SET_CHILD_SUBREAPER``), so every
+process the command starts, a daemon that left its session with ``setsid`` included,
+stays below it. When the command exits, or the keeper gets SIGTERM (`end`), the keeper
+kills what is left of that tree, reaps it, and exits with the command's status.
+Elsewhere the command is the child itself, and `end` kills its process group.
 
 `communicate` reads what the command prints until it exits; after that, only a short
 bounded drain: a background job that keeps the pipes open never holds the answer up.
@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Final, NamedTuple
 
 #: Whether commands run under a keeper (a subreaper needs Linux's prctl and /proc).
@@ -33,84 +34,8 @@ _LAST_READ: Final = 4 << 20
 #: How long `end` waits for a keeper to clean up before killing its group outright (s).
 _KEEPER_GRACE_S: Final = 5.0
 
-# The keeper, run as ``python -I -S -c _KEEPER_CODE COMMAND...``: standard library only,
-# so it starts in milliseconds. It passes its three streams on to the command, then
-# lets go of them, so the parent sees end-of-file once the command's tree is gone.
-_KEEPER_CODE: Final = r"""
-import ctypes, os, signal, sys, time
-
-class Stop(Exception):
-    pass
-
-def stop(*_):
-    raise Stop
-
-def tree():
-    parents = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open("/proc/" + name + "/stat", "rb") as f:
-                    stat = f.read()
-                parent = int(stat[stat.rindex(b")") + 2:].split()[1])
-                parents.setdefault(parent, []).append(int(name))
-            except (OSError, ValueError, IndexError):
-                pass
-    found, todo = [], [os.getpid()]
-    while todo:
-        for pid in parents.get(todo.pop(), ()):
-            found.append(pid)
-            todo.append(pid)
-    return found
-
-signal.signal(signal.SIGTERM, stop)
-status, pid = None, None
-try:
-    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    try:
-        pid = os.posix_spawnp(sys.argv[1], sys.argv[1:], os.environ,
-                              setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM))
-    except OSError as exc:
-        os.write(2, ("cannot run %r: %s\n" % (sys.argv[1], exc.strerror or exc)).encode())
-        os._exit(127)
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    while status is None:
-        got, code = os.waitpid(-1, 0)
-        if got == pid:
-            status = code
-except (Stop, ChildProcessError):
-    pass
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-give_up = time.monotonic() + 5.0  # a process it may not kill (setuid) must not hold it
-while time.monotonic() < give_up:
-    left = tree()
-    for other in left:
-        try:
-            os.kill(other, signal.SIGKILL)
-        except OSError:
-            pass
-    reaped = False
-    try:
-        while True:
-            got, code = os.waitpid(-1, os.WNOHANG)
-            if got == 0:
-                break
-            reaped = True
-            if got == pid and status is None:
-                status = code
-    except ChildProcessError:
-        if not left:
-            break
-    if not reaped:
-        time.sleep(0.005)
-code = os.waitstatus_to_exitcode(status) if status is not None else -signal.SIGKILL
-if code < 0:
-    signal.signal(-code, signal.SIG_DFL)
-    os.kill(os.getpid(), -code)
-os._exit(code & 0xFF)
-"""
+#: The keeper's script (run by path, so ``ps`` shows it and the command it keeps).
+_KEEPER_SCRIPT: Final = str(Path(__file__).with_name("_keeper.py"))
 
 
 class Finished(NamedTuple):
@@ -128,7 +53,7 @@ def spawn(argv: Sequence[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
     where there is one: see the module docstring)."""
     args = list(argv)
     if KEEPER:
-        args = [sys.executable, "-I", "-S", "-c", _KEEPER_CODE, *args]
+        args = [sys.executable, "-I", "-S", _KEEPER_SCRIPT, *args]
     return subprocess.Popen(
         args,
         stdin=subprocess.PIPE,

@@ -364,7 +364,7 @@ def test_a_runner_killed_mid_mention_answers_once_when_started_again(
         assert answers() == ["on it"]
     finally:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(orphan, signal.SIGKILL)
+            os.killpg(os.getpgid(orphan), signal.SIGKILL)
         lead.close()
 
 

@@ -142,7 +142,7 @@ def test_a_runner_killed_mid_run_answers_once_when_started_again(
         assert [r["content"] for r in replies if r["type"] == "reply"] == ["answered"]
     finally:  # the killed runner's child outlives it (its own session): end it here
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(orphan, signal.SIGKILL)
+            os.killpg(os.getpgid(orphan), signal.SIGKILL)
 
 
 def test_a_flooding_or_garbled_child_gives_one_bounded_message(
