@@ -2,15 +2,20 @@
 
 A `Runner` consumes one agent's inbox and, for each ``request``, ``task_assignment`` and
 ``mention``, runs the command once: the conversation so far and the request on its
-standard input, who asks and why in its environment. Its standard output becomes the
+standard input, who asks and why in its environment (the history capped at
+`settings.RUN_HISTORY_MAX_BYTES`). What it printed by the time it exited becomes the
 reply (an ask), the task's result (a delegation) or the answer posted in the channel (a
 mention, in its turn; empty output passes the turn); a non-zero exit, or a run past the
-timeout (its whole process group is killed), sends the error instead (a passed turn for
-a mention). Plain notes start nothing: the next run sees them in its history.
+timeout, sends the error instead (a passed turn for a mention). Once it ends, all it
+started is killed (`ralph_mail.children`). Plain notes start nothing: the next run sees
+them in its history. Each run is logged in one line on stderr.
 
 A request is consumed only after its answer is sent, and answering is idempotent (a
 request gets one reply, a task one result), so a runner killed mid-run and started
-again answers each request exactly once. Runs go on in up to ``jobs`` threads, each
+again answers each request exactly once. A request it cannot answer (the answer is
+refused by the team's rules, or the request is malformed) gets the error instead, or is
+set aside; either way it is consumed, so one message cannot stop the runner on every
+start. A runner stopped cleanly leaves its agent offline. Runs go on in up to ``jobs`` threads, each
 with a bus of its own that reads the history and sends the answer the moment the child
 ends; the runner's bus, on its own thread, consumes. Between messages it waits on file
 events: its inbox, and the channels where a turn it waits for goes on.
