@@ -39,10 +39,11 @@ from typing import Final
 
 import orjson
 
-from ralph_mail import presence, settings
+from ralph_mail import settings
 from ralph_mail.bus import MessageBus
 from ralph_mail.children import communicate, end, spawn
 from ralph_mail.errors import InvalidMessage, MailError, RefusedByRules
+from ralph_mail.govern import presence
 from ralph_mail.message import Message, MessageType
 from ralph_mail.store.base import StopEvent, Waiter
 

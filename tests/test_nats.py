@@ -316,7 +316,7 @@ def test_a_message_over_the_servers_max_payload_is_one_clear_error(home: Path) -
 def test_team_log_records_naming_one_message_are_all_kept(home: Path) -> None:
     """A team log's records are not sends: two naming the same message id (a held message,
     then its approval) are both stored, so an approved message is delivered on NATS."""
-    from ralph_mail.policy import Policy, Rule
+    from ralph_mail.govern.policy import Policy, Rule
 
     url = fresh_nats()
     create_team("demo", ["lead", "a", "b"], home=home, backend=url)
