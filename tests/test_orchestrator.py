@@ -88,9 +88,13 @@ def test_status_without_state_is_answered_with_an_error(team: Team) -> None:
 
 
 def test_status_with_a_bad_progress_is_refused(team: Team) -> None:
-    """A progress outside 0..1 is refused with an error text; the progress is unchanged."""
+    """A progress outside 0..1 is refused with an error text; the progress is unchanged.
+    (The Gate refuses to send it: it comes from another program, or a hand.)"""
     worker = MessageBus("demo", "worker-1")
-    worker.send("lead", "status_update", "x", {"state": "working", "progress": "150%"})
+    with pytest.raises(InvalidMessage, match="progress"):
+        worker.send("lead", "status_update", "x", {"state": "working", "progress": "150%"})
+    worker._deliver(worker.envelope("lead", "status_update", "x",
+                                    {"state": "working", "progress": "150%"}))  # fmt: skip
     with lead_of() as orch:
         orch.handle_pending()
         assert orch.progress["worker-1"].state == "unknown"
