@@ -12,9 +12,11 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from ralph_mail.govern import approvals, policy, presence
 from ralph_mail.govern.gate import Gate
 from ralph_mail.mailbox import Mailbox
 from ralph_mail.message import Message, MessageType
+from ralph_mail.talk import ask, history, tasks
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -31,9 +33,8 @@ if TYPE_CHECKING:
 class MessageBus(Mailbox):
     """One agent of one team: send to teammates, and consume its own inbox.
 
-    Sends are appended under the recipient's inbox lock; reads start from the agent's
-    persisted cursor, so only new messages are read, and waits block on file events.
-    Every message it writes passes the team's Gate (`ralph_mail.govern.gate`).
+    Sends are appended under the recipient's inbox lock, after the team's Gate passed
+    them; reads start from the persisted cursor; waits block on file events.
 
     Example:
         >>> bus = MessageBus(team="demo", agent="worker-1")          # doctest: +SKIP
@@ -50,9 +51,8 @@ class MessageBus(Mailbox):
         max_message_bytes: the largest encoded line accepted (default 1 MiB).
         backend: where the team is kept (default ``$RALPH_BACKEND``, else files under
             ``home``; ``memory://NAME`` keeps it in this process).
-        default_rate: messages per minute this agent may start when the team's policy
-            sets no rate for it (None: no limit; ``ralph-mail run`` and the MCP server
-            pass 10, where LLM storms start).
+        default_rate: messages per minute this agent may start when the policy sets no
+            rate for it (None: no limit; ``run`` and the MCP server pass 10).
     """
 
     def __init__(
@@ -95,12 +95,10 @@ class MessageBus(Mailbox):
     ) -> Message:
         """Append one message to ``to``'s inbox; return it as written.
 
-        When this returns, the message is in the file (and on disk in durable mode). When
-        it raises, nothing a reader would deliver was written. Pass ``id`` to retry a send
-        under the same id, so a receiver that remembers ids handles it once. ``thread``,
-        ``priority``, ``ack`` and ``visibility`` set the envelope keys of those names
-        (omitted at their defaults: its own thread, normal, no ack, internal). A message
-        the team's policy holds for approval is returned undelivered, with no ``ts``.
+        When this returns, the message is in the file (and on disk in durable mode); when
+        it raises, nothing a reader would deliver was written. ``id``: retry a send under
+        the same id. ``thread``, ``priority``, ``ack`` and ``visibility`` set those
+        envelope keys. A message the policy holds for approval is returned with no ``ts``.
 
         Example:
             >>> bus.send("lead", MessageType.TEXT, "retry me", id="9f1c2e3d4b5a")  # doctest: +SKIP
@@ -124,8 +122,6 @@ class MessageBus(Mailbox):
             >>> deny = Rule("*", "archive", "deny")                   # doctest: +SKIP
             >>> lead.change_policy(lambda p: p.with_rule(deny))       # doctest: +SKIP
         """
-        from ralph_mail.govern import policy
-
         self.gate.require_lead("changing the team's policy")
         return policy.change(self.store, change)
 
@@ -137,51 +133,31 @@ class MessageBus(Mailbox):
         manager: str | None = None,
         mode: str | None = None,
     ) -> Team:
-        """Change a member's description, manager (``""`` clears it) or mode; a manager
-        or a mode is the lead's to change (`PermissionDenied` for anyone else)."""
-        from ralph_mail.team import change_roster
-
-        if manager is not None or mode is not None:
-            self.gate.require_lead("changing a member's manager or mode")
-        elif agent != self.agent:
-            self.gate.require_lead("changing another member's description")
-        change_roster(self.refresh_team(), member=agent, description=description,
-                      manager=manager, mode=mode)  # fmt: skip
-        return self.refresh_team()
+        """Change a member's description, manager (``""`` clears it) or mode; a manager,
+        a mode or another's description is the lead's to change (`PermissionDenied`)."""
+        return policy.set_member(self, agent, description, manager, mode)
 
     def approvals(self) -> list[Held]:
         """The messages held for my approval and not decided yet, oldest first."""
-        from ralph_mail.govern import approvals
-
         return approvals.waiting(self)
 
     def approval_of(self, message_id: str) -> Held | None:
-        """What became of a message held for approval (`Held.decision` None: waiting),
-        or None when it was never held."""
-        from ralph_mail.govern import approvals
-
+        """What became of a held message (`Held.decision` None: waiting), or None."""
         return approvals.approval_of(self, message_id)
 
     def approve(self, message_id: str) -> Held:
         """Deliver a message held for my approval, unchanged (same id), and tell its
         sender. Run again after a crash, it delivers it only if it is not there yet."""
-        from ralph_mail.govern import approvals
-
         return approvals.decide(self, message_id, True, "")
 
     def deny(self, message_id: str, reason: str = "") -> Held:
-        """Refuse a message held for my approval: it is never delivered; its sender is
-        told (an ``approval_response`` with ``metadata.approved=false``)."""
-        from ralph_mail.govern import approvals
-
+        """Refuse a message held for my approval: never delivered; its sender is told (an
+        ``approval_response``, ``metadata.approved=false``)."""
         return approvals.decide(self, message_id, False, reason)
 
     def wait_for_decision(self, message_id: str, since: int, timeout: float) -> bool | None:
-        """Wait up to ``timeout`` seconds for the decision on my message held for
-        approval: True approved (and delivered), False denied, None not decided yet.
-        ``since``: where my inbox ended before sending it."""
-        from ralph_mail.govern import approvals
-
+        """Wait up to ``timeout`` s for the decision on my held message: True approved
+        (and delivered), False denied, None not yet. ``since``: my inbox's end before."""
         return approvals.wait_for_decision(self, message_id, since, timeout)
 
     # -- presence -------------------------------------------------------------------------
@@ -194,8 +170,6 @@ class MessageBus(Mailbox):
         Example:
             >>> bus.set_presence("sleeping", until="+15m")  # doctest: +SKIP
         """
-        from ralph_mail.govern import presence
-
         presence.set_presence(self, state, until)
 
     def agents(self, include_self: bool = False) -> list[AgentInfo]:
@@ -205,8 +179,6 @@ class MessageBus(Mailbox):
             >>> [(a.name, a.presence) for a in bus.agents()]  # doctest: +SKIP
             [('lead', 'idle'), ('writer', 'offline')]
         """
-        from ralph_mail.govern import presence
-
         return presence.agents(self.refresh_team(), self.agent, include_self)
 
     # -- history and search ---------------------------------------------------------------
@@ -218,8 +190,6 @@ class MessageBus(Mailbox):
         Example:
             >>> [m.content for m in bus.history("analyst", 5)]  # doctest: +SKIP
         """
-        from ralph_mail.talk import history
-
         return history.history(self, with_agent, limit)
 
     def thread(self, thread_id: str) -> list[Message]:
@@ -230,8 +200,6 @@ class MessageBus(Mailbox):
             >>> [m.type for m in bus.thread(question.id)]  # doctest: +SKIP
             ['request', 'reply']
         """
-        from ralph_mail.talk import history
-
         return history.thread(self, thread_id)
 
     def search(
@@ -253,17 +221,12 @@ class MessageBus(Mailbox):
         Example:
             >>> [m.content for m in bus.search("revenue", from_agent="analyst")]  # doctest: +SKIP
         """
-        from ralph_mail.talk import history
-
         return history.search(self, query, from_agent=from_agent, to=to, type=type,
                               thread=thread, since=since, limit=limit)  # fmt: skip
 
     def purge_archive(self, before: str | datetime) -> dict[str, int]:
-        """Delete, for good, the archived messages of every inbox older than ``before``
-        (as ``since`` in `search`), from the audit trail and the search index; return
-        where each inbox's audit trail starts now."""
-        from ralph_mail.talk import history
-
+        """Delete for good the archived messages older than ``before`` (as ``since`` in
+        `search`); return where each inbox's audit trail starts now."""
         return history.purge_archive(self, before)
 
     # -- channels -------------------------------------------------------------------------
@@ -288,8 +251,7 @@ class MessageBus(Mailbox):
         return self.channels.post(name, text, reply_to)
 
     def channel_read(self, name: str) -> list[Message]:
-        """Consume and return the posts of channel ``name`` I have not read (mine left
-        out), oldest first."""
+        """Consume the posts of channel ``name`` I have not read (not mine), oldest first."""
         return self.channels.read(name)
 
     def channel_history(self, name: str, limit: int = 20) -> list[Message]:
@@ -313,24 +275,18 @@ class MessageBus(Mailbox):
         ``task_assignment``; return at once. Its outcome comes back as a ``task_result``.
 
         Refused before anything is written: delegating to myself, to an offline agent
-        (`AgentOffline`), a bad id or priority, what the Gate refuses. Delegating again
-        under the same ``id`` (a retry) sends the same assignment again, which a receiver
-        that remembers ids handles once. A sleeping assignee gets the assignment when it
-        wakes: it is held until the ``until`` of its sleep (or until it says it is doing
-        something else), then delivered, once, by the assignee's own next read.
+        (`AgentOffline`), a bad id or priority, what the Gate refuses. The same ``id``
+        again (a retry) sends the same assignment again. A sleeping assignee gets it when
+        its sleep ends, once, by its own next read.
 
         Example:
             >>> task = bus.delegate("writer", "Draft the Q4 post")  # doctest: +SKIP
         """
-        from ralph_mail.talk import tasks
-
         return tasks.delegate(self, to, description, context=context, priority=priority,
                               parent=parent, id=id, visibility=visibility)  # fmt: skip
 
     def start(self, task_id: str) -> Task:
         """Mark my task ``task_id`` active."""
-        from ralph_mail.talk import tasks
-
         return tasks.finish(self, task_id, "active", "")
 
     def complete(self, task_id: str, result: str) -> Task:
@@ -341,39 +297,29 @@ class MessageBus(Mailbox):
         Example:
             >>> bus.complete(task.id, "Saved as 'Q4 Blog Post Draft'")  # doctest: +SKIP
         """
-        from ralph_mail.talk import tasks
-
         return tasks.finish(self, task_id, "completed", result)
 
     def fail(self, task_id: str, error: str) -> Task:
         """Record my task ``task_id`` as failed and send its delegator the error."""
-        from ralph_mail.talk import tasks
-
         return tasks.finish(self, task_id, "failed", error)
 
     def tasks(self) -> list[Task]:
         """The team's tasks, parents first, each followed by its subtasks."""
-        from ralph_mail.talk import tasks
-
         return tasks.ordered(tasks.load(self.store)[0])
 
     def wait_for_result(self, task: Task, timeout: float, since: int = 0) -> Message | None:
-        """Block until the ``task_result`` of ``task`` (one I delegated) is in my inbox
-        from logical offset ``since`` on (``store.size(me)`` before delegating); consume
-        it alone when this process may. None after ``timeout`` seconds.
+        """Block until the ``task_result`` of ``task`` (one I delegated) is in my inbox from
+        offset ``since`` on (``store.size(me)`` before delegating); consume it alone when
+        this process may. None after ``timeout`` seconds.
 
         Example:
             >>> since = bus.store.size(bus.agent)                        # doctest: +SKIP
             >>> task = bus.delegate("writer", "draft it")                # doctest: +SKIP
             >>> bus.wait_for_result(task, 600, since).content            # doctest: +SKIP
         """
-        from ralph_mail.talk import tasks
-
         return tasks.wait_for_result(self, task, timeout, since)
 
     def _before_read(self) -> None:
-        from ralph_mail.talk import tasks
-
         tasks.release_held(self)
 
     # -- conversations --------------------------------------------------------------------
@@ -398,8 +344,6 @@ class MessageBus(Mailbox):
         Example:
             >>> bus.reply(question, "Q4 revenue was $2.4M")  # doctest: +SKIP
         """
-        from ralph_mail.talk import ask
-
         return ask.reply(self, message, content, metadata, priority=priority, ack=ack,
                          visibility=visibility)  # fmt: skip
 
@@ -427,15 +371,12 @@ class MessageBus(Mailbox):
         `NoReply`; a reply that comes later is then mail like any other.
 
         ``stop`` (an event, such as a cancelled MCP call's) ends the wait early: `NoReply`.
-        ``id`` names the request, so an asker killed while it waited, run again with the
-        same ``id``, gets the reply (the one that came meanwhile, or the one still to
-        come) and does not ask again.
+        ``id`` names the request: an asker killed while it waited, run again with the same
+        ``id``, gets the reply and does not ask again.
 
         Example:
             >>> bus.ask("analyst", "Q4 revenue?", context="investor update")  # doctest: +SKIP
         """
-        from ralph_mail.talk import ask
-
         return ask.ask(self, to, question, context=context, timeout=timeout,
                        priority=priority, metadata=metadata, id=id, visibility=visibility,
                        stop=stop)  # fmt: skip
@@ -446,25 +387,14 @@ class MessageBus(Mailbox):
         Example:
             >>> bus.ack(message)  # doctest: +SKIP
         """
-        from ralph_mail.talk import ask
-
         return ask.acknowledge(self, message)
 
     def pending_acks(self, older_than: float | None = None) -> list[Message]:
         """What I sent with ``ack=True`` that no ack has answered yet, oldest first (with
-        ``older_than``: only those sent more than that many seconds ago). It survives
-        restarts: it is read from the team's index, not kept in memory.
+        ``older_than``: only those older than that many seconds), read from the team's
+        index, so it survives restarts.
 
         Example:
             >>> [m.id for m in bus.pending_acks(older_than=300)]  # doctest: +SKIP
         """
-        from ralph_mail.talk import ask
-
         return ask.pending_acks(self, older_than)
-
-
-def parse_since(value: str | datetime) -> str:
-    """A ts for ``value`` (see `ralph_mail.talk.history.parse_since`)."""
-    from ralph_mail.talk.history import parse_since as parse
-
-    return parse(value)

@@ -18,8 +18,6 @@ OVER: dict[str, int] = {
     "store/nats/backend.py": 1250,
     "orchestrator.py": 920,
     "cli/protocol.py": 720,
-    "mailbox.py": 860,
-    "bus.py": 480,
 }
 
 

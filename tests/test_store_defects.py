@@ -316,7 +316,7 @@ def test_committing_a_long_peek_one_by_one_is_linear(
 ) -> None:
     """Committing 4N peeked messages in turn costs 4x committing N (counted in pending
     entries visited), not 16x."""
-    from ralph_mail import mailbox as bus_module
+    from ralph_mail.mailbox import consuming as bus_module
 
     visits = [0]
     real_find = bus_module._find

@@ -45,6 +45,7 @@ from ralph_mail.message import check_name
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ralph_mail.mailbox import Mailbox
     from ralph_mail.store.base import TeamStore
     from ralph_mail.team import Team
 
@@ -178,6 +179,22 @@ def change(store: TeamStore, edit: Callable[[Policy], Policy]) -> Policy:
 
     store.update_state(KEY, apply)
     return done[-1]
+
+
+def set_member(
+    box: Mailbox, agent: str, description: str | None, manager: str | None, mode: str | None
+) -> Team:
+    """`MessageBus.set_member`: change a member's roster entry; a manager, a mode or
+    another member's description is the lead's to change."""
+    from ralph_mail.team import change_roster
+
+    if manager is not None or mode is not None:
+        box.gate.require_lead("changing a member's manager or mode")
+    elif agent != box.agent:
+        box.gate.require_lead("changing another member's description")
+    change_roster(box.refresh_team(), member=agent, description=description,
+                  manager=manager, mode=mode)  # fmt: skip
+    return box.refresh_team()
 
 
 def parse(raw: bytes) -> Policy:

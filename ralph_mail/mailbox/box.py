@@ -1,4 +1,5 @@
-"""`Mailbox`: the core of one agent's view of its team: write, read, wait.
+"""`Mailbox`: the core of one agent's view of its team: write (through the Gate), look
+messages up, and, through `Consuming`, read and wait.
 
 Every message this package writes goes through `Mailbox._send` (one recipient) or
 `Mailbox.broadcast` (all), and both ask the team's `Gate` first: nothing else appends to
@@ -8,15 +9,12 @@ few methods; only the storage seam (`ralph_mail.store.base`) is below.
 
 from __future__ import annotations
 
-import gc
-import itertools
 import os
 import threading
 import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Mapping
-from itertools import accumulate, repeat
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
@@ -25,12 +23,11 @@ import orjson
 from ralph_mail import settings
 from ralph_mail.errors import (
     BroadcastError,
-    InboxBusy,
     InvalidMessage,
-    LockTimeout,
     MailError,
     UnknownAgent,
 )
+from ralph_mail.mailbox.consuming import Consuming
 from ralph_mail.message import (
     BROADCAST_ADDRESS,
     TS_PLACEHOLDER,
@@ -49,8 +46,7 @@ from ralph_mail.message import (
     from_envelope,
     new_id,
 )
-from ralph_mail.settings import WATCH_SAFETY_POLL_S
-from ralph_mail.store.base import Cursor, StopEvent, TeamStore, Waiter
+from ralph_mail.store.base import Cursor, TeamStore, Waiter
 from ralph_mail.team import Member, Team, load_team, parse_roster
 
 if TYPE_CHECKING:
@@ -58,9 +54,6 @@ if TYPE_CHECKING:
 
 _T = TypeVar("_T")
 
-#: Above this many lines a read runs with the cyclic GC paused: it is 3.5x faster on big
-#: backlogs, where the GC would otherwise rescan every new message (MEASUREMENTS.md §4).
-_GC_PAUSE_LINES = 2000
 #: How often one mailbox notes its agent as active (s); see ralph_mail.govern.presence.
 _TOUCH_EVERY_S = 1.0
 #: Types that start a thread of their own, indexed under their id for `thread`; the
@@ -88,13 +81,16 @@ class Judge(Protocol):
     def hold(self, envelope: dict[str, object], reason: str) -> Message:
         """Keep ``envelope`` for approval; return it undelivered (no ``ts``)."""
 
+    def require_lead(self, act: str) -> None:
+        """`PermissionDenied` unless my agent is the lead: ``act`` is the lead's alone."""
+
 
 def pair_key(a: str, b: str) -> str:
     """The index of the direct messages between ``a`` and ``b``, both directions."""
     return "pair+" + "+".join(sorted((a, b)))
 
 
-class Mailbox:
+class Mailbox(Consuming):
     """One agent of one team: write to teammates through the Gate, consume its own inbox.
 
     Sends are appended under the recipient's inbox lock; reads start from the agent's
@@ -452,333 +448,6 @@ class Mailbox:
         """Run before a read, at most once a second: the rooms' deferred work (a subclass
         releases assignments held for a sleeping agent)."""
 
-    # -- reading ------------------------------------------------------------------------
-
-    def _load(self) -> Cursor:
-        if self._cursor is None:
-            self._store.claim(self.agent)  # one consumer per inbox: InboxBusy otherwise
-            self._cursor = self._store.load_cursor(self.agent)
-            self._scanned = self._cursor.floor
-            self._pending = deque()
-        return self._cursor
-
-    def reading_from(self) -> int:
-        """Where an answer to what I send now can be: where this mailbox stopped
-        reading my inbox (no round trip), or else its end."""
-        return self._scanned if self._cursor is not None else self._store.size(self.agent)
-
-    def _refresh(
-        self, starts: bool = True, until: Message | None = None
-    ) -> deque[tuple[int, Message]]:
-        """Read what arrived since the last read into the pending list; return it.
-
-        With ``starts=False`` (`poll`, which consumes everything it reads) clean lines get
-        no line offsets: computing them is a third of the cost of a read. ``until``: stop
-        reading once that message is pending (the rest is read next time). A call that
-        raises (an interrupt, an I/O error) forgets what it read, so nothing half-read is
-        kept: the next call reads again from the cursor on disk.
-        """
-        try:
-            if self._compact_due:
-                self._compact()
-            cursor = self._load()
-            if self.touch():
-                self._before_read()
-            while True:
-                data, offset = self._store.read(self.agent, self._scanned)
-                if offset < self._scanned:
-                    cursor = self._restart(offset)
-                if not data:
-                    return self._pending
-                before = len(self._pending)
-                self._take_lines(cursor, data, offset, starts)
-                if until is not None and any(
-                    (m.id, m.ts) == (until.id, until.ts)
-                    for _, m in itertools.islice(
-                        reversed(self._pending), len(self._pending) - before
-                    )
-                ):
-                    return self._pending
-        except BaseException:
-            self._cursor = None
-            raise
-
-    def _restart(self, offset: int) -> Cursor:
-        # The inbox was replaced by a new one (the team re-created, a file put in place):
-        # what was read of the old one stays pending, consumed at the new one's start.
-        self._pending = deque((offset, message) for _, message in self._pending)
-        self._cursor = Cursor(offset)
-        self._scanned = offset
-        return self._cursor
-
-    def _take_lines(self, cursor: Cursor, data: bytes, offset: int, starts: bool) -> None:
-        lines = data.split(b"\n")
-        lines.pop()
-        paused = len(lines) > _GC_PAUSE_LINES and gc.isenabled()
-        if paused:
-            gc.disable()
-        try:
-            messages, clean = decode_lines(lines)
-            if clean and not cursor.acked and not starts:
-                self._pending.extend(zip(repeat(-1), messages))  # type: ignore[arg-type]
-                self._scanned = offset + len(data)
-                return
-            offsets = list(accumulate([len(line) + 1 for line in lines], initial=offset))
-            scanned = offsets.pop()
-            if clean and not cursor.acked:
-                self._pending.extend(zip(offsets, messages, strict=True))  # type: ignore[arg-type]
-                self._scanned = scanned
-                return
-            for start, line, message in zip(offsets, lines, messages, strict=True):
-                if isinstance(message, Message):
-                    if start not in cursor.acked:
-                        self._pending.append((start, message))
-                elif line.strip():
-                    self._set_aside(start, line, message)
-            self._scanned = scanned
-        finally:
-            if paused:
-                gc.enable()
-
-    def _set_aside(self, start: int, line: bytes, reason: str) -> None:
-        try:
-            self._store.dead_letter(self.agent, start, line, reason)
-        except MailError as exc:
-            # The line stays in the inbox, where it is (it is skipped, not lost); a full disk
-            # must not stop the good lines behind it.
-            warnings.warn(
-                f"{exc}; skipping the bad line at offset {start}", RuntimeWarning, stacklevel=5
-            )
-
-    def _save(self, floor: int, acked: int = -1) -> None:
-        # The caller changes memory only once the cursor is on disk: a failed save
-        # consumes nothing.
-        cursor = self._load()
-        marks = cursor.acked | {acked} if acked >= 0 else cursor.acked
-        saved = Cursor(floor, {start for start in marks if start >= floor})
-        self._store.save_cursor(self.agent, saved)
-        self._cursor = saved
-        if self._gc_auto and self._store.collectable(self.agent, floor) >= self._gc_auto:
-            # Not now: a compaction interrupted here would make a call that has consumed
-            # raise. The next read runs it, before it reads anything.
-            self._compact_due = True
-
-    def _compact(self) -> None:
-        # Only an optimisation: when it fails (no room for the copy, a sender holding the
-        # lock) the inbox stays as it was.
-        self._compact_due = False
-        try:
-            self._store.compact(self.agent)
-        except LockTimeout:
-            pass
-        except MailError as exc:
-            message = f"could not compact the inbox of {self.agent!r}: {exc}"
-            warnings.warn(message, RuntimeWarning, stacklevel=5)
-
-    def _others(self, pending: deque[tuple[int, Message]]) -> list[Message]:
-        """The pending messages but the replies my asks in flight wait for."""
-        if not self.asking:
-            return [message for _, message in pending]
-        return [m for _, m in pending if m.reply_to not in self.asking or m.type != "reply"]
-
-    def peek(self) -> list[Message]:
-        """The unconsumed messages of my inbox, oldest first, without consuming them.
-
-        Follow with `commit` once they are handled, for at-least-once delivery.
-        """
-        with self._lock:
-            return self._others(self._refresh())
-
-    def poll(self) -> list[Message]:
-        """Consume and return the unconsumed messages of my inbox, oldest first.
-
-        A poll that raises consumes nothing. The reply an ask of this process waits for
-        (in another thread) is left to that ask.
-        """
-        with self._lock:
-            if self.asking:
-                return self._poll_around_asks()
-            messages = [message for _, message in self._refresh(starts=False)]
-            if messages or self._scanned != self._load().floor:
-                try:
-                    self._save(self._scanned)
-                except BaseException:
-                    self._cursor = None  # re-read from the cursor on disk: nothing consumed
-                    raise
-                self._pending.clear()
-            return messages
-
-    def _poll_around_asks(self) -> list[Message]:
-        taken = self._others(self._refresh())
-        for message in taken:
-            self.consume(message)
-        return taken
-
-    def commit(self, message: Message) -> None:
-        """Consume every message up to and including ``message`` (one `peek` returned).
-
-        A process that crashes between `peek` and `commit` gets the messages again.
-        Committing the messages of a peek one by one, in order, costs O(1) each.
-        """
-        with self._lock:
-            index = _find(self._pending, message)
-            following = index + 1
-            pending = self._pending
-            self._save(pending[following][0] if following < len(pending) else self._scanned)
-            for _ in range(following):
-                pending.popleft()
-
-    def consume(self, message: Message) -> None:
-        """Consume ``message`` alone (one `peek` or ``wait_for_message(consume=False)``
-        returned); the messages before and after it stay unread."""
-        with self._lock:
-            index = _find(self._pending, message)
-            start = self._pending[index][0]
-            if index:
-                floor = self._pending[0][0]
-            else:
-                floor = self._pending[1][0] if len(self._pending) > 1 else self._scanned
-            self._save(floor, start)
-            del self._pending[index]
-
-    def consume_if_mine(self, message: Message) -> None:
-        """Consume ``message`` (an answer an ask waited for) when this process consumes
-        my inbox (or may start to); under another consumer (a runner) it is left to that
-        one, which starts nothing for an answer."""
-        with self._lock:
-            try:
-                for _, pending in self._refresh(until=message):
-                    if pending.id == message.id and pending.ts == message.ts:
-                        self.consume(pending)
-                        return
-            except InboxBusy:
-                self._cursor = None
-
-    def _first(self, type: MessageType | str, consume: bool) -> Message | None:
-        """The first unconsumed message of ``type`` (consumed alone with ``consume``)."""
-        with self._lock:
-            for message in self._others(self._refresh()):
-                if message.type == type:
-                    if consume:
-                        self.consume(message)
-                    return message
-            return None
-
-    # -- waiting ------------------------------------------------------------------------
-
-    def wait_for_messages(
-        self,
-        timeout: float | None = None,
-        *,
-        stop: StopEvent | None = None,
-        consume: bool = True,
-    ) -> list[Message]:
-        """Consume and return new messages, blocking until some arrive.
-
-        Returns at once when mail is already waiting; returns ``[]`` after ``timeout``
-        seconds (None: wait indefinitely) or when ``stop`` is set. With ``consume=False``
-        it returns what `peek` would, for an at-least-once consumer that commits itself.
-
-        Example:
-            >>> for message in bus.wait_for_messages(timeout=30, consume=False):  # doctest: +SKIP
-            ...     handle(message)
-            ...     bus.commit(message)
-        """
-        return self._wait(self.poll if consume else self.peek, timeout, stop) or []
-
-    def wait_for_message(
-        self,
-        type: MessageType | str,
-        timeout: float | None = None,
-        *,
-        stop: StopEvent | None = None,
-        consume: bool = True,
-    ) -> Message | None:
-        """Consume and return the first message of ``type``, blocking until one arrives.
-
-        Only that message is consumed: messages of other types stay unread for the next
-        `poll` or `wait_for_messages`, in memory and on disk. None after ``timeout``.
-        With ``consume=False`` nothing is consumed: pass the message to `consume` once
-        it is handled (printed, acted on).
-
-        Example:
-            >>> bus.wait_for_message(MessageType.PLAN_APPROVAL, timeout=60.0)  # doctest: +SKIP
-        """
-        kind = check_type(type)
-        return self._wait(lambda: self._first(kind, consume), timeout, stop)
-
-    def _wait(self, attempt: Callable[[], _T], timeout: float | None, stop: StopEvent | None) -> _T:
-        found = attempt()
-        if found or timeout == 0:
-            return found
-        deadline = None if timeout is None else time.monotonic() + timeout
-        look = self._watcher is None  # a watcher made now missed what came before it
-        watcher = self._watch()
-        while True:
-            if look:  # (one that was there already is woken by it: no second read)
-                found = attempt()
-                if found or (stop is not None and stop.is_set()):
-                    return found
-            look = True
-            remaining = WATCH_SAFETY_POLL_S
-            if deadline is not None:
-                remaining = min(remaining, deadline - time.monotonic())
-                if remaining <= 0:
-                    return found
-            watcher.wait(remaining, stop)
-
-    def _watch(self) -> Waiter:
-        if self._watcher is None:
-            self._watcher = self._store.waiter([self.agent])
-        return self._watcher
-
-    def await_answer(
-        self,
-        request_id: str,
-        start: int,
-        timeout: float,
-        kind: MessageType = MessageType.REPLY,
-        *,
-        sender: str | None = None,
-        stop: StopEvent | None = None,
-        fresh: bool = False,
-    ) -> Message | None:
-        """Read my inbox from ``start`` (without consuming) until the ``kind`` answering
-        ``request_id`` comes (from ``sender`` when given: an answer from anyone else is
-        no answer); consume it alone when this process may. ``fresh``: asked just now,
-        so the answer comes after this thread's waiter last woke (which wakes for it):
-        the wait comes before the first read."""
-        deadline = time.monotonic() + timeout
-        offset = start
-        # One waiter per thread, kept for the mailbox's life: closing an inotify
-        # descriptor can take the kernel milliseconds, which a waiter per ask paid.
-        waiter: Waiter | None = getattr(self._ask_local, "waiter", None)
-        if fresh and waiter is not None:
-            waiter.wait(min(timeout, WATCH_SAFETY_POLL_S), stop)
-        while True:
-            data, offset = self._store.read(self.agent, offset, skip_collected=True)
-            if data:
-                for message in decode_lines(data.split(b"\n")[:-1])[0]:
-                    if (
-                        isinstance(message, Message)
-                        and message.reply_to == request_id
-                        and message.type == kind
-                        and (sender is None or message.from_agent == sender)
-                    ):
-                        self.consume_if_mine(message)
-                        return message
-                offset += len(data)
-                continue
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or (stop is not None and stop.is_set()):
-                return None
-            if waiter is None:
-                waiter = self._ask_local.waiter = self._store.waiter([self.agent])
-                with self._lock:
-                    self._ask_waiters.append(waiter)
-                continue  # read once more: the answer may have come while it started
-            waiter.wait(min(remaining, WATCH_SAFETY_POLL_S), stop)
-
     # -- lifetime -----------------------------------------------------------------------
 
     def close(self) -> None:
@@ -808,16 +477,3 @@ class Mailbox:
     def __repr__(self) -> str:
         team, home = self._team.name, str(self._team.home)
         return f"{type(self).__name__}(team={team!r}, agent={self.agent!r}, home={home!r})"
-
-
-def _find(entries: deque[tuple[int, Message]], message: Message) -> int:
-    for index, (_, pending) in enumerate(entries):
-        if pending is message:
-            return index
-    for index, (_, pending) in enumerate(entries):
-        if pending.id == message.id and pending.ts == message.ts:
-            return index
-    raise InvalidMessage(
-        f"message {message.id} is not among the peeked, unconsumed messages: "
-        "commit only a message that peek() returned"
-    )
