@@ -366,7 +366,7 @@ class Runner:
             RALPH_HOME=self.home, RALPH_TEAM=self.bus.team.name, RALPH_AGENT=self.bus.agent,
             RALPH_MESSAGE_ID=message.id, RALPH_FROM=message.from_agent,
             RALPH_THREAD=message.thread, RALPH_CHAIN=",".join(message.chain),
-            RALPH_PATTERN=pattern,
+            RALPH_PATTERN=pattern, RALPH_AGENT_FIXED="1",
         )  # fmt: skip
         if pattern == "delegate":
             env["RALPH_TASK"] = message.metadata.get("taskId", "")

@@ -219,3 +219,17 @@ def test_a_policy_change_by_the_lead_through_the_library(crew: Team) -> None:
     with MessageBus("crew", "lead") as lead:
         assert lead.change_policy(lambda p: Policy()).rules == ()
     assert orjson.loads(crew.store.load_state(KEY) or b"{}")["rules"] == []
+
+
+def test_a_job_of_run_speaks_for_its_agent_alone(crew: Team) -> None:
+    """With RALPH_AGENT_FIXED (what `ralph-mail run` gives its jobs), --agent naming
+    another agent is refused (exit 4): an intern's job cannot approve as its manager."""
+    with MessageBus("crew", "lead") as lead:
+        lead.change_policy(lambda p: p.with_rule(Rule("intern", "*", "allow", True)))
+    with MessageBus("crew", "lead") as lead:
+        lead.set_member("intern", manager="boss")
+    held = MessageBus("crew", "intern").send("writer", "text", "let me out")
+    done = ralph(crew.home, "approve", held.id, "--team", "crew", "--agent", "boss",
+                 RALPH_AGENT="intern", RALPH_AGENT_FIXED="1")  # fmt: skip
+    assert done.returncode == 4 and b"acts for intern" in done.stderr
+    assert MessageBus("crew", "writer").peek() == []

@@ -260,6 +260,26 @@ def test_rates_and_policy_apply(team: object, home: Path) -> None:
     lead.close()
 
 
+def test_everything_an_agent_starts_counts_against_the_default_rate(
+    team: object, home: Path
+) -> None:
+    """Channel posts, status reports and plans count against the 10 a minute the server
+    applies when the policy is silent (DESIGN §9.4): the 11th is refused in one line."""
+    MessageBus("demo", "worker-1", home).channels.create("ops", ["lead"])
+
+    async def body(client: Client) -> None:
+        calls = [("post_to_channel", {"channel": "ops", "content": f"note {n}"}) for n in range(4)]
+        calls += [("report_status", {"text": f"step {n}"}) for n in range(4)]
+        calls += [("submit_plan", {"plan": f"plan {n}"}) for n in range(2)]
+        for name, arguments in calls:
+            done = await client.call_tool(name, arguments)
+            assert not done.is_error, (name, text(done))
+        for name, arguments in (calls[0], calls[4], calls[8]):
+            assert "its limit" in refused(await client.call_tool(name, arguments)), name
+
+    run_in_client(home, "worker-1", body)
+
+
 def stdio(home: Path, agent: str, *before: str, **env: str) -> StdioServerParameters:
     """`ralph-mail mcp` as ``agent`` of team 'demo' (``env`` overrides); with ``before``,
     a shell sends those lines to it ahead of the client's."""

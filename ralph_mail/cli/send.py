@@ -33,9 +33,19 @@ class Identity:
         return team
 
     def need_agent(self) -> str:
-        agent = self.agent or os.environ.get("RALPH_AGENT")
+        fixed = os.environ.get("RALPH_AGENT")
+        agent = self.agent or fixed
         if not agent:
             raise MailError("who is sending? pass --agent NAME or set RALPH_AGENT")
+        if os.environ.get("RALPH_AGENT_FIXED") and fixed and agent != fixed:
+            # A job of `ralph-mail run` speaks for its agent alone: it may not approve its
+            # own held message as its manager, nor change the rules as the lead.
+            from ralph_mail.errors import PermissionDenied
+
+            raise PermissionDenied(
+                f"this process acts for {fixed} (fixed by 'ralph-mail run'): it cannot act as "
+                f"{agent}; leave out --agent"
+            )
         return agent
 
     def bus(self) -> MessageBus:
