@@ -227,3 +227,107 @@ def test_declining_team_delete_exits_3(team: Team, monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr("ralph_mail.cli.mail.confirm", lambda question: False)
     assert main(["team", "delete", "demo", "--agent", "lead"]) == 3
     assert MessageBus("demo", "lead").peek() == []  # the team is still there
+
+
+#: Hostile stored text: a clear screen, an OSC window title and clipboard write, a C1
+#: CSI, a bare carriage return, a bidi override, and rich markup that would draw a link.
+HOSTILE = "\x1b[2J\x1b]0;owned\x07\x1b]52;c;ZXZpbA==\x07\x9b31m\rX\u202e[link=http://x]y[/link]"
+
+
+def hostile_team(team: Team) -> None:
+    """Plant HOSTILE in what commands print: a description, a presence record, a task, an
+    approval's reason and a team setting."""
+    import orjson
+
+    from ralph_mail.govern import approvals
+    from ralph_mail.govern.policy import Policy, Rule
+    from ralph_mail.govern.presence import record
+    from ralph_mail.team import update_team
+
+    update_team("demo", team.home, member="worker-1", description=f"parses{HOSTILE}")
+    team.store.save_presence("worker-2", record("sleeping", f"2999{HOSTILE}", "2026"))
+    with MessageBus("demo", "worker-1") as worker:
+        worker.set_presence("working")  # online: a task can be given to it
+    with MessageBus("demo", "lead") as lead:
+        lead.delegate("worker-1", f"do{HOSTILE}")
+    policy = Policy((Rule("worker-2", "*", "allow", True),), {})
+    team.store.save_state("policy", policy.to_json())
+    with MessageBus("demo", "worker-2") as asker:
+        asker.send("worker-1", "text", "hi")  # held for the lead
+    (line,) = team.store.log_read(approvals.LOG).splitlines()
+    planted = orjson.loads(line)
+    planted["envelope"]["id"] = "0123456789ab"
+    team.store.log_append(approvals.LOG, approvals.held(
+        planted["envelope"], "lead", f"why{HOSTILE}", planted["ts"]))  # fmt: skip
+    roster = team.store.root / "team.json"
+    data = orjson.loads(roster.read_bytes())
+    data.setdefault("config", {})["channel_delay"] = f"5{HOSTILE}"
+    roster.write_bytes(orjson.dumps(data))
+
+
+def assert_escaped(out: bytes) -> None:
+    """No control character of HOSTILE reaches the output raw; the escapes show."""
+    for raw in (b"\x1b[2J", b"\x1b]", b"\x07", b"\r", "\x9b".encode(), "\u202e".encode()):
+        assert raw not in out, (raw, out)
+    assert b"\\x1b[2J" in out and b"[link=http://x]" in out
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("agents",), ("team", "show"), ("presence",), ("tasks",), ("approvals",),
+     ("team", "config", "demo")],
+)  # fmt: skip
+def test_stored_text_is_escaped_in_every_listing(team: Team, command: tuple[str, ...]) -> None:
+    """Descriptions, presence, tasks, approvals' reasons and settings other processes wrote
+    are printed with their control characters escaped, each record on one line."""
+    hostile_team(team)
+    done = ralph(team.home, *command, RALPH_TEAM="demo", RALPH_AGENT="lead")
+    assert done.returncode == 0, done.stderr
+    assert_escaped(done.stdout)
+
+
+def on_terminal(home: Path, *args: str) -> bytes:
+    """What ``ralph-mail ARGS`` writes to a terminal (a pseudo-terminal), whole."""
+    import pty
+
+    master, slave = pty.openpty()
+    env = dict(cli_env(home, RALPH_TEAM="demo", RALPH_AGENT="lead"), TERM="xterm-256color",
+               COLUMNS="400", LINES="40")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "ralph_mail", *args], stdin=slave,
+                            stdout=slave, stderr=slave, env=env)  # fmt: skip
+    os.close(slave)
+    out = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the child is gone and its output read
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        os.close(master)
+        proc.wait(timeout=BOUND_S)
+    return out
+
+
+@pytest.mark.parametrize("command", [("agents",), ("team", "show"), ("approvals",)])
+def test_stored_text_is_escaped_on_a_terminal_too(team: Team, command: tuple[str, ...]) -> None:
+    """On a terminal (rich tables) stored text is escaped and never read as markup: no
+    OSC sequence (title, clipboard, hyperlink) and no clear screen is written."""
+    hostile_team(team)
+    out = on_terminal(team.home, *command)
+    assert b"\x1b]" not in out and b"\x1b[2J" not in out and "\x9b".encode() not in out
+    assert b"\\x1b[2J" in out.replace(b"\r\n", b"\n"), out
+
+
+def test_doctor_escapes_the_paths_it_names(tmp_path: Path) -> None:
+    """doctor's findings quote paths: a home whose name holds escapes is shown escaped."""
+    home = tmp_path / f"home{HOSTILE.replace('/', '')}"
+    assert ralph(home, "team", "create", "demo", "--member", "lead").returncode == 0
+    done = ralph(home, "doctor")
+    assert done.returncode in (0, 3), done.stderr
+    for raw in (b"\x1b[2J", b"\x1b]", b"\x07", "\x9b".encode(), "\u202e".encode()):
+        assert raw not in done.stdout
+    assert b"\\x1b[2J" in done.stdout

@@ -14,6 +14,7 @@ from conftest import BOUND_S, Processes, cli_env, ralph
 
 from ralph_mail import MessageBus, PermissionDenied, RateLimited, Team, create_team
 from ralph_mail.govern.policy import Policy, Rule
+from ralph_mail.message import encode
 from ralph_mail.team import update_team
 
 CREW = ("lead", "boss", "intern", "writer", "archive")
@@ -321,7 +322,7 @@ def test_the_policy_from_the_command_line(crew: Team) -> None:
     assert ralph(crew.home, "deny", message_id, *team, "--agent", "boss").returncode == 0
     listed = ralph(crew.home, "approvals", "--json", *team, "--agent", "boss")
     (first,) = [orjson.loads(line) for line in listed.stdout.splitlines()]
-    assert first["envelope"]["content"] == "hi"
+    assert first["content"] == "hi" and first["approver"] == "boss"
     bad = ralph(crew.home, "policy", "rate", "*", "lots", *team, "--agent", "lead")
     assert bad.returncode == 2 and b"invalid rate 'lots'" in bad.stderr
     assert ralph(crew.home, "policy", "deny", "../x", "*", *team, "--agent", "lead").returncode == 2
@@ -403,3 +404,26 @@ def test_tail_says_where_archived_mail_is(crew: Team) -> None:
         b"ralph-mail: note: older messages of lead are archived (gc): "
         b"ralph-mail search '' --to lead\n"
     )
+
+
+def test_approvals_json_is_the_held_envelope_at_the_top_level(crew: Team) -> None:
+    """approvals --json prints one line per held message: the envelope's own keys at the
+    top, exactly as approve delivers it, plus approver, reason and held_at."""
+    set_policy([("intern", "*", "allow", True)])
+    team = ("--team", "crew", "--agent", "boss")
+    with MessageBus("crew", "intern") as intern:
+        first = intern.send("writer", "text", "draft one", {"k": "v"})
+        intern.send("lead", "text", "draft two")
+    listed = ralph(crew.home, "approvals", "--json", *team)
+    assert listed.returncode == 0, listed.stderr
+    records = [orjson.loads(line) for line in listed.stdout.splitlines()]
+    assert [r["content"] for r in records] == ["draft one", "draft two"]
+    shown = records[0]
+    extra = {key: shown.pop(key) for key in ("approver", "reason", "held_at")}
+    assert extra["approver"] == "boss" and extra["reason"] and extra["held_at"]
+    assert ralph(crew.home, "approve", first.id, *team).returncode == 0
+    (delivered,) = [m for m in MessageBus("crew", "writer").poll() if m.id == first.id]
+    envelope = orjson.loads(encode(delivered))
+    assert {k: v for k, v in shown.items() if k != "ts"} == {
+        k: v for k, v in envelope.items() if k != "ts"
+    }

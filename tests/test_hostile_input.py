@@ -252,3 +252,69 @@ def test_a_planted_symlink_is_refused_never_followed(
             collect("demo")
     assert target.read_bytes() == b"precious"
     record(inputs=1)
+
+
+BIG = "99999999999999999999"
+#: Absurd numbers, durations and times, each with what the one error line must name.
+ABSURD: list[tuple[list[str], bytes]] = [
+    (["presence", "sleeping", "--until", "+99999999999d"], b"'+99999999999d'"),
+    (["presence", "sleeping", "--until", "+" + "9" * 5000 + "s"], b"9999-12-31"),
+    (["presence", "sleeping", "--until", "9999-99-99"], b"'9999-99-99'"),
+    (["presence", "sleeping", "--until", "99999-01-01"], b"'99999-01-01'"),
+    (["presence", "sleeping", "--until", "9999-12-31T23:59:59-14:00"], b"9999-12-31"),
+    (["presence", "sleeping", "--until", "0500-01-01"], b"'0500-01-01'"),
+    (["presence", "sleeping", "--until", "+-5m"], b"'+-5m'"),
+    (["presence", "sleeping", "--until", "+\u0663m"], b"+N"),
+    (["presence", "sleeping", "--until=--"], b"--until"),
+    (["search", "x", "-n", BIG], b"-n/--lines"),
+    (["search", "x", "-n", "9" * 5000], b"-n/--lines"),
+    (["search", "x", "--since", "99999999999999d"], b"--since"),
+    (["search", "x", "--since", "99999999999d"], b"--since"),
+    (["search", "x", "--since", "9999-12-31T23:59:59-14:00"], b"--since"),
+    (["gc", "--purge-before", "99999999999999d"], b"--purge-before"),
+    (["tail", "lead", "-n", BIG], b"-n/--lines"),
+    (["tail", "lead", "-n=--"], b"-n/--lines"),
+    (["history", "lead", "-n", BIG], b"-n/--lines"),
+    (["channel", "tail", "general", "-n", BIG], b"-n/--lines"),
+    (["channel", "history", "general", "-n", BIG], b"-n/--lines"),
+    (["wait", "--timeout", "1e300"], b"--timeout"),
+    (["send", "lead", "x", "--wait", "1e300"], b"--wait"),
+    (["send", "lead", "x", "--wait=--"], b"--wait"),
+    (["ask", "lead", "x", "--timeout", "1e300"], b"--timeout"),
+    (["acks", "--overdue", "1e300"], b"--overdue"),
+    (["delegate", "lead", "x", "--wait", "1e300"], b"--wait"),
+    (["plan", "submit", "x", "--wait", "1e300"], b"--wait"),
+    (["shutdown", "request", "lead", "--wait", "1e300"], b"--wait"),
+    (["shutdown", "request", "lead", "--retry", "1e300"], b"--retry"),
+    (["lead", "--timeout", "1e300"], b"--timeout"),
+    (["lead", "--ack-overdue", "1e300"], b"--ack-overdue"),
+    (["lead", "--review-timeout", "1e300"], b"--review-timeout"),
+    (["lead", "--shutdown-timeout", "1e300"], b"--shutdown-timeout"),
+    (["status", "x", "--progress", "1e300"], b"progress"),
+    (["run", "--jobs", BIG, "--", "cat"], b"--jobs"),
+    (["run", "--timeout", "1e300", "--", "cat"], b"--timeout"),
+    (["run", "--history", BIG, "--", "cat"], b"--history"),
+    (["demo", "--delay", "1e300"], b"--delay"),
+    (["policy", "rate", "*", BIG], b"rate"),
+    (["policy", "rate", "*", "\u00b2"], b"rate"),
+    (["policy", "depth", BIG], b"max_depth"),
+    (["policy", "depth", "\u00b2"], b"max_depth"),
+    (["team", "config", "demo", "presence_timeout", BIG], b"presence_timeout"),
+    (["team", "config", "demo", "max_depth", "\u00b2"], b"max_depth"),
+]
+
+
+@pytest.mark.parametrize("case", ABSURD, ids=[" ".join(c[0])[:60] for c in ABSURD])
+def test_absurd_numbers_and_times_are_one_line_naming_the_option(
+    team: Team, tmp_path: Path, case: tuple[list[str], bytes]
+) -> None:
+    """A count, duration or time far past any sane bound (or no value at all): exit 2, one
+    line naming the option or value and the fix, no traceback, nothing written."""
+    args, fragment = case
+    before = snapshot(tmp_path)
+    done = ralph(team.home, *args, RALPH_TEAM="demo", RALPH_AGENT="worker-1")
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.decode().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ralph-mail: error:"), lines
+    assert fragment in done.stderr and len(lines[0]) < 300, lines
+    assert snapshot(tmp_path) == before

@@ -36,11 +36,14 @@ EXIT_BROKEN_PIPE = 141
 
 def error_line(text: str, kind: str = "error") -> None:
     """Print one error line (or, with ``kind="note"``, a note) on stderr; nothing when
-    stderr is closed."""
+    stderr is closed. ``text`` is escaped as stored text is (it may quote a reason, a
+    result or an error another process wrote), and stays one line."""
     if sys.stderr is None:
         return
+    from ralph_mail.cli.render import safe
+
     try:
-        sys.stderr.write(f"ralph-mail: {kind}: {text}\n")
+        sys.stderr.write(f"ralph-mail: {kind}: {safe(text, newlines=False)}\n")
         sys.stderr.flush()
     except OSError:
         pass

@@ -52,7 +52,7 @@ def channel_create(
             made = bus.channels.create(name, member or [], everyone=everyone)
         finally:
             bus.close()
-        say(f"#{made.name}: {', '.join(made.members)}\n")
+        say(safe(f"#{made.name}: {', '.join(made.members)}", newlines=False) + "\n")
 
     command(action)
 
@@ -248,7 +248,7 @@ def _membership(name: str, home: str | None, team: str | None, agent: str | None
         now = bus.channels.join(name) if joining else bus.channels.leave(name)
     finally:
         bus.close()
-    say(f"#{now.name}: {', '.join(now.members) or 'no members'}\n")
+    say(safe(f"#{now.name}: {', '.join(now.members) or 'no members'}", newlines=False) + "\n")
 
 
 @channel_app.command("join")
@@ -296,6 +296,6 @@ def channel_pass(
             bus.channels.pass_turn(name, post)
         finally:
             bus.close()
-        say(f"passed: #{name.lstrip('#')} {safe(post, newlines=False)}\n")
+        say(safe(f"passed: #{name.lstrip('#')} {post}", newlines=False) + "\n")
 
     command(action)

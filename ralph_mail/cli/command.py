@@ -26,14 +26,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+#: The largest number an option takes unless it says otherwise: a count (``-n``,
+#: ``--history``) of at most a million, a number of seconds (``--timeout``, ``--wait``)
+#: of at most a year. Past them a value is a slip (milliseconds for seconds, a digit too
+#: many), and far past them it would overflow sqlite, datetime or a C timeout.
+MAX_COUNT = 1_000_000
+MAX_SECONDS = 365 * 86400
+
 
 class Option:
-    """A ``--flag`` of a command: its spellings, help, metavar and environment variable."""
+    """A ``--flag`` of a command: its spellings, help, metavar, environment variable and,
+    for a number, the largest value it takes (default `MAX_COUNT` or `MAX_SECONDS`)."""
 
     def __init__(
-        self, *decls: str, help: str = "", metavar: str | None = None, envvar: str | None = None
-    ) -> None:
+        self, *decls: str, help: str = "", metavar: str | None = None, envvar: str | None = None,
+        most: float | None = None,
+    ) -> None:  # fmt: skip
         self.decls, self.help, self.metavar, self.envvar = decls, help, metavar, envvar
+        self.most = most
 
 
 class Argument:
@@ -93,18 +103,37 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message, self.prog)
 
 
-def _number(kind: type, name: str) -> Callable[[str], Any]:
+def _number(kind: type, name: str, most: float) -> Callable[[str], Any]:
+    unit = " seconds" if kind is float else ""
+    too_large = f"is too large: give at most {int(most):,}{unit}"
+
     def parse(text: str) -> Any:
+        shown = text if len(text) <= 24 else text[:20] + "..."
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+            if text.strip().lstrip("+-").isdigit():  # past int()'s 4,300 digits
+                raise argparse.ArgumentTypeError(f"{shown} {too_large}") from None
+            raise argparse.ArgumentTypeError(f"{shown!r} is not a number") from None
         if kind is float and not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+            raise argparse.ArgumentTypeError(f"{shown!r} is not a finite number")
+        if value > most:
+            raise argparse.ArgumentTypeError(f"{shown} {too_large}")
         return value
 
     parse.__name__ = name
     return parse
+
+
+class _Scalar(argparse.Action):
+    """Stores an option's one value. argparse takes ``--opt=--`` as no value at all and
+    hands over an empty list, which no command expects: a usage error instead."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:  # fmt: skip
+        if isinstance(values, list):
+            raise argparse.ArgumentError(self, "needs a value ('--' alone is not one)")
+        setattr(namespace, self.dest, values)
 
 
 def _unwrap(hint: Any) -> tuple[type, Any]:
@@ -165,10 +194,13 @@ def build_parser(fn: Callable[..., Any], prog: str) -> argparse.ArgumentParser:
                 required=param.default is inspect.Parameter.empty, help=help_text,
             )  # fmt: skip
         else:
-            convert = _number(kind, name) if kind in (int, float) else str
+            convert: Callable[[str], Any] = str
+            if kind in (int, float):
+                most = marker.most or (MAX_COUNT if kind is int else MAX_SECONDS)
+                convert = _number(kind, name, most)
             parser.add_argument(
                 *marker.decls, type=convert, default=default, metavar=marker.metavar,
-                dest=name, help=help_text,
+                dest=name, help=help_text, action=_Scalar,
             )  # fmt: skip
     return parser
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from ralph_mail import settings
 from ralph_mail.cli import EXIT_NO, EXIT_NOTHING, error_line, say
@@ -17,6 +17,9 @@ from ralph_mail.cli.render import deliver, print_json_lines, print_table, safe
 from ralph_mail.cli.send import Identity, check_wait, held_exit, read_body
 from ralph_mail.errors import MailError
 from ralph_mail.message import Message, encode
+
+if TYPE_CHECKING:
+    from ralph_mail.talk.tasks import Task
 
 
 def _find(who_team: str, who: str, home: str | None, message_id: str) -> Message:
@@ -91,7 +94,7 @@ def ask(
             return EXIT_NOTHING
         finally:
             bus.close()
-        deliver([answer], json) if json else say(answer.content + "\n")
+        deliver([answer], json) if json else say(safe(answer.content) + "\n")
         if "error" in answer.metadata:
             error_line(f"{to} reports an error: {answer.metadata['error']}")
             return EXIT_NO
@@ -327,7 +330,7 @@ def delegate(
         if result is None:
             error_line(f"task {task.id} did not finish within {wait:g} s; see 'ralph-mail tasks'")
             return EXIT_NOTHING
-        say(result.content + "\n")
+        say(safe(result.content) + "\n")
         return EXIT_NO if result.metadata.get("status") == "failed" else 0
 
     command(action)
@@ -424,9 +427,21 @@ def tasks_tree(
 
             print_json_lines([task.to_dict() for task in ordered(known)])
             return
-        say(draw(known, lambda text: safe(text, newlines=False)))
+        shown = {key: _escaped(task) for key, task in known.items()}
+        say(draw(shown, lambda text: safe(text, newlines=False)))
 
     command(action)
+
+
+def _escaped(task: Task) -> Task:
+    """``task`` with the fields `draw` shows as they are made safe for the terminal (the
+    description is escaped by `draw` itself)."""
+    from dataclasses import replace
+
+    return replace(task, assignee=safe(task.assignee, newlines=False),
+                   status=safe(task.status, newlines=False),
+                   updated=safe(task.updated, newlines=False),
+                   held_until=safe(task.held_until, newlines=False))  # fmt: skip
 
 
 @app.command("agents")
@@ -551,7 +566,7 @@ def team_set(
             bus.set_member(member, description=description, manager=manager, mode=mode)
         finally:
             bus.close()
-        say(f"updated {member} in team {name}\n")
+        say(safe(f"updated {member} in team {name}", newlines=False) + "\n")
 
     command(action)
 
@@ -585,9 +600,11 @@ def team_config(
         if key is not None and value is None:
             raise MailError(f"no value for {key}: write 'ralph-mail team config {name} {key} N'")
         if key is not None and value is not None:
+            from ralph_mail.cli.governance import setting_value
+
             bus = identity(home, name, agent).lead("changing the team's settings")
             try:
-                change_roster(bus.team, config={key: value})
+                change_roster(bus.team, config={key: setting_value(key, value)})
             finally:
                 bus.close()
         roster = load_team(name, home)
@@ -596,6 +613,6 @@ def team_config(
         if sys.stdout.isatty():
             print_table(f"team {name} settings", ["setting", "value", ""], rows)
         else:
-            say("".join(f"{k}\t{v}\n" for k, v, _ in rows))
+            say("".join(f"{k}\t{safe(v, newlines=False)}\n" for k, v, _ in rows))
 
     command(action)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from ralph_mail.cli import EXIT_NOTHING, say
 from ralph_mail.cli.app import Agent, Home, Json, JsonRecords, TeamName, app, command, identity
-from ralph_mail.cli.command import Argument, Group, Option
+from ralph_mail.cli.command import MAX_SECONDS, Argument, Group, Option
 from ralph_mail.cli.render import print_json_lines, print_messages, print_table, safe
 from ralph_mail.errors import MailError
 
@@ -154,12 +154,14 @@ def policy_rate(
     """
 
     def action() -> None:
-        from ralph_mail.govern.policy import check_rate
+        from ralph_mail.govern.policy import MAX_RATE, check_rate
 
         rate = None
         if per_minute != "off":
-            if not per_minute.isdigit():
-                raise MailError(f"invalid rate {per_minute!r}: give a whole number, or 'off'")
+            if not (per_minute.isascii() and per_minute.isdigit()) or len(per_minute) > 9:
+                shown = per_minute if len(per_minute) <= 24 else per_minute[:20] + "..."
+                raise MailError(f"invalid rate {shown!r}: give a whole number from 1 to "
+                                f"{MAX_RATE:,}, or 'off'")  # fmt: skip
             rate = check_rate(int(per_minute))
         who = _party(sender)
         _edit(home, team, agent, lambda current: current.with_rate(who, rate))
@@ -186,19 +188,65 @@ def policy_depth(
 
         bus = identity(home, team, agent).lead("changing the team's max_depth")
         try:
-            change_roster(bus.team, config={"max_depth": str(depth)})
+            change_roster(bus.team, config={"max_depth": setting_value("max_depth", str(depth))})
         finally:
             bus.close()
 
     command(action)
 
 
+#: The largest value of each team setting the command line sets: depths and exchange
+#: counts in the hundreds at most, the seconds settings a year.
+SETTING_MOST = {
+    "max_depth": 1000,
+    "max_internal_exchanges": 1_000_000,
+    "presence_timeout": MAX_SECONDS,
+    "channel_delay": MAX_SECONDS,
+    "channel_turn_timeout": MAX_SECONDS,
+}
+
+
+def setting_value(key: str, text: str) -> str:
+    """``text`` if it is a whole number (ASCII digits) that team setting ``key`` takes;
+    else a `MailError` naming it and the range."""
+    most = SETTING_MOST.get(key)
+    if most is None:  # an unknown key: the team's own check names the known ones
+        return text
+    if not (text.isascii() and text.isdigit()) or len(text) > 12 or int(text) > most:
+        shown = text if len(text) <= 24 else text[:20] + "..."
+        raise MailError(f"invalid {key} {shown!r}: give a whole number from 0 to {most:,}")
+    return text
+
+
+def since_ts(value: str | None, option: str) -> str | None:
+    """The ts ``value`` names (ISO-8601 or how long ago, as `ralph_mail.bus.parse_since`
+    reads it), or None; a time that is no four-digit year after it (``99999999999d`` ago,
+    a year past 9999) is a `MailError` naming ``option`` and the fix."""
+    import re
+
+    from ralph_mail.talk.history import parse_since
+
+    if value is None:
+        return None
+    try:
+        ts = parse_since(value)
+    except MailError:  # not a time at all: its own message says so
+        raise
+    except (OverflowError, OSError, ValueError):  # beyond what the C time functions take
+        ts = ""
+    if not re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", ts):
+        shown = value if len(value) <= 24 else value[:20] + "..."
+        raise MailError(f"invalid {option} {shown!r}: give a time from year 1000 to 9999, "
+                        "e.g. 7d (ago) or 2026-01-01T00:00Z")  # fmt: skip
+    return ts
+
+
 @app.command("approvals")
 def approvals(
     home: Home = None, team: TeamName = None, agent: Agent = None, json: JsonRecords = False
 ) -> None:
-    """List the messages held for my approval (--json: each held envelope, as it will be
-    delivered).
+    """List the messages held for my approval (--json: a line per held message, its
+    envelope's keys as it will be delivered, plus approver, reason and held_at).
 
     \b
     Example:
@@ -211,8 +259,9 @@ def approvals(
             waiting = bus.approvals()
         finally:
             bus.close()
-        if json:
-            print_json_lines([held.to_dict() for held in waiting])
+        if json:  # the envelope's own keys on top, as it will be delivered (DESIGN §9.3)
+            print_json_lines([{**held.envelope, "approver": held.approver, "reason": held.reason,
+                               "held_at": held.held_at} for held in waiting])  # fmt: skip
             return
         rows = [(h.id, h.sender, str(h.envelope["to"]), str(h.envelope["type"]),
                  safe(str(h.envelope["content"]).partition("\n")[0][:60], newlines=False),
@@ -242,7 +291,7 @@ def approve(
             held = bus.approve(message_id)
         finally:
             bus.close()
-        say(f"{held.id} approved: delivered to {held.envelope['to']}\n")
+        say(safe(f"{held.id} approved: delivered to {held.envelope['to']}", newlines=False) + "\n")
 
     command(action)
 
@@ -268,7 +317,7 @@ def deny(
             held = bus.deny(message_id, reason)
         finally:
             bus.close()
-        say(f"{held.id} denied: {held.sender} is told\n")
+        say(safe(f"{held.id} denied: {held.sender} is told", newlines=False) + "\n")
 
     command(action)
 
@@ -309,7 +358,7 @@ def search(
         bus = MessageBus(name, load_team(name, home).lead, home)  # reads, consumes nothing
         try:
             found = bus.search(query, from_agent=sender, to=to, type=type, thread=thread,
-                               since=since, limit=limit)  # fmt: skip
+                               since=since_ts(since, "--since"), limit=limit)  # fmt: skip
         finally:
             bus.close()
         print_messages(found, json)

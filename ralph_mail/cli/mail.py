@@ -10,7 +10,7 @@ from ralph_mail import settings
 from ralph_mail.cli import EXIT_NO, EXIT_NOTHING, error_line, say
 from ralph_mail.cli.app import Agent, Home, Json, JsonRecords, TeamName, app, command, identity
 from ralph_mail.cli.command import Argument, Group, Option, confirm
-from ralph_mail.cli.render import deliver, print_json_lines, print_messages, print_table
+from ralph_mail.cli.render import deliver, print_json_lines, print_messages, print_table, safe
 from ralph_mail.cli.send import SendRequest, parse_meta, read_body
 from ralph_mail.errors import MailError
 
@@ -92,10 +92,9 @@ def team_create(
         if json:
             print_json_lines([_team_record(team)])
         else:
-            sys.stdout.write(
-                f"created team {team.name} in {team.home}: lead {team.lead}; "
-                f"members {', '.join(team.names)}\n"
-            )
+            line = (f"created team {team.name} in {team.home}: lead {team.lead}; "
+                    f"members {', '.join(team.names)}")  # fmt: skip
+            sys.stdout.write(safe(line, newlines=False) + "\n")
 
     command(action)
 
@@ -402,18 +401,20 @@ def tail(
             print_messages(shown, json)
             if len(shown) < lines:
                 for archived in view.archived:  # older mail is not gone: say where it is
-                    sys.stderr.write(
-                        f"ralph-mail: note: older messages of {archived} are archived (gc): "
-                        f"ralph-mail search '' --to {archived}\n"
+                    error_line(
+                        f"older messages of {archived} are archived (gc): "
+                        f"ralph-mail search '' --to {archived}",
+                        "note",
                     )
             if follow:
                 shown_skipped = 0
                 for batch in view.follow():
                     skipped = sum(view.skipped.values())
                     if skipped > shown_skipped:  # fell behind gc: say so, never silently
-                        sys.stderr.write(
-                            f"ralph-mail: note: {skipped - shown_skipped} bytes of mail were "
-                            "collected by gc before tail could show them\n"
+                        error_line(
+                            f"{skipped - shown_skipped} bytes of mail were collected by gc "
+                            "before tail could show them",
+                            "note",
                         )
                         shown_skipped = skipped
                     print_messages(show(batch), json)

@@ -8,7 +8,7 @@ from typing import Annotated
 from ralph_mail.cli import EXIT_NO
 from ralph_mail.cli.app import Home, TeamName, app, command, identity
 from ralph_mail.cli.command import Option
-from ralph_mail.cli.render import print_json_lines
+from ralph_mail.cli.render import print_json_lines, safe
 from ralph_mail.errors import MailError
 
 _MARKS = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}
@@ -42,14 +42,16 @@ def doctor(
             print_json_lines([finding.to_dict() for finding in report.findings])
         else:
             for finding in report.findings:
-                sys.stdout.write(f"{_MARKS[finding.level]}  {finding.message}\n")
+                message = safe(finding.message, newlines=False)  # it may quote a file
+                sys.stdout.write(f"{_MARKS[finding.level]}  {message}\n")
             failures = sum(1 for f in report.findings if f.level == "fail")
             warnings = sum(1 for f in report.findings if f.level == "warn")
             verdict = "healthy" if report.healthy(strict) else "NOT healthy"
             pairs = ((failures, "failure"), (warnings, "warning"))
             counts = [f"{n} {word}{'s' if n != 1 else ''}" for n, word in pairs if n]
             detail = f" ({', '.join(counts)})" if counts else ""
-            sys.stdout.write(f"{report.where or report.home}: {verdict}{detail}\n")
+            where = safe(str(report.where or report.home), newlines=False)
+            sys.stdout.write(f"{where}: {verdict}{detail}\n")
         sys.stdout.flush()
         return 0 if report.healthy(strict) else EXIT_NO
 
@@ -102,9 +104,9 @@ def gc(
                 raise MailError(
                     "no team given: pass --team NAME, --all, or set RALPH_TEAM"
                 ) from None
-        from ralph_mail.talk.history import parse_since
+        from ralph_mail.cli.governance import since_ts
 
-        drop_before = None if purge_before is None else parse_since(purge_before)
+        drop_before = since_ts(purge_before, "--purge-before")
         for name in names:
             result = collect(name, home, drop_before=drop_before)
             if drop_before is not None:  # then what was archived before, and the index
@@ -118,7 +120,10 @@ def gc(
                     bus.close()
                 if not json:
                     for agent, start in starts.items():
-                        sys.stdout.write(f"{name}/{agent}: audit trail starts at {start}\n")
+                        line = safe(
+                            f"{name}/{agent}: audit trail starts at {start}", newlines=False
+                        )
+                        sys.stdout.write(line + "\n")
             if json:
                 print_json_lines(
                     [
@@ -136,12 +141,14 @@ def gc(
                 continue
             for c in result.compactions:
                 # What gc drops, tail can no longer show: say so in messages, not only bytes.
-                sys.stdout.write(
+                line = (
                     f"{result.team}/{c.agent}: removed {c.messages} consumed message(s) "
-                    f"({c.removed} bytes, archived: 'search' finds them), kept {c.kept} bytes\n"
+                    f"({c.removed} bytes, archived: 'search' finds them), kept {c.kept} bytes"
                 )
+                sys.stdout.write(safe(line, newlines=False) + "\n")
             for path in result.removed_temp:
-                sys.stdout.write(f"{result.team}: removed leftover {path}\n")
+                line = safe(f"{result.team}: removed leftover {path}", newlines=False)
+                sys.stdout.write(line + "\n")
         sys.stdout.flush()
 
     command(action)

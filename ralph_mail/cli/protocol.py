@@ -150,7 +150,7 @@ def plan_submit(
         if json:
             print_messages([decision.answer], json_out=True)
         else:
-            sys.stdout.write(decision.feedback + "\n")
+            sys.stdout.write(safe(decision.feedback) + "\n")
         return EXIT_OK if decision.approved else EXIT_NO
 
     command(action)
@@ -336,7 +336,8 @@ def _print_report(report: ShutdownReport, json_out: bool) -> None:
         )
         return
     for agent, answer in report.items():
-        sys.stdout.write(f"{agent}\t{words[answer]}\t{report.reasons.get(agent, '')}\n")
+        reason = safe(report.reasons.get(agent, ""), newlines=False)
+        sys.stdout.write(f"{safe(agent, newlines=False)}\t{words[answer]}\t{reason}\n")
     sys.stdout.flush()
 
 
@@ -373,8 +374,8 @@ class _Display:
                 ]
             )
         elif not self.live:
-            text = safe(event.text, newlines=False)
-            sys.stdout.write(f"{_clock(event.time)} {event.agent} {event.kind.value} {text}\n")
+            text = safe(f"{event.agent} {event.kind.value} {event.text}", newlines=False)
+            sys.stdout.write(f"{_clock(event.time)} {text}\n")
             sys.stdout.flush()
         else:
             # Events go above the live table, into the scrollback, where they stay (the
@@ -425,8 +426,11 @@ class _Display:
     def say(self, text: str) -> None:
         if self.json_out:
             return
+        text = safe(text, newlines=False)
         if self.live:
-            console().print(text)
+            from rich.text import Text
+
+            console().print(Text(text))
         else:
             sys.stdout.write(text + "\n")
             sys.stdout.flush()
@@ -471,10 +475,9 @@ def _render(orch: TeamOrchestrator, recent: deque[Event]) -> RenderableType:
     for name in orch.teammates:
         item = orch.progress.get(name)
         if item is not None:
-            rows.append(
-                (name, item.state, item.task[:12], _bar(item.progress), item.plan,
-                 item.shutdown, safe(item.text, newlines=False), item.last_seen[11:19])
-            )  # fmt: skip
+            cells = (name, item.state, item.task[:12], _bar(item.progress), item.plan,
+                     item.shutdown, item.text, item.last_seen[11:19])  # fmt: skip
+            rows.append(tuple(safe(cell, newlines=False) for cell in cells))
     columns = ("agent", "state", "task", "progress", "plan", "shutdown", "last", "seen")
     table = Table(
         title=f"team {orch.bus.team.name}: lead {orch.agent}",
@@ -496,12 +499,12 @@ def _render(orch: TeamOrchestrator, recent: deque[Event]) -> RenderableType:
         table.add_row(
             Text(name, style="bold"),
             Text(state, style=_STATE_STYLE.get(state, "")),
-            task,
-            bar,
+            Text(task),
+            Text(bar),
             Text(plan, style="green" if plan == "approved" else "red"),
-            shutdown,
-            last,
-            seen,
+            Text(shutdown),
+            Text(last),
+            Text(seen),
         )
     return table
 
@@ -512,7 +515,7 @@ def _event_line(event: Event) -> Text:
 
     line = Text()
     line.append(f"{_clock(event.time)} ", style="dim")
-    line.append(f"{event.agent} ", style="bold cyan")
+    line.append(f"{safe(event.agent, newlines=False)} ", style="bold cyan")
     line.append(f"{event.kind.value} ", style="magenta")
     line.append(safe(event.text, newlines=False))
     return line
@@ -553,7 +556,7 @@ def prompt_reviewer(
         pause = display.paused() if display is not None else _nothing()
         with pause:
             title = f"plan from {plan.agent}" + (f" for {plan.task}" if plan.task else "")
-            sys.stdout.write(f"\n{title}:\n{plan.text}\n")
+            sys.stdout.write(f"\n{safe(title, newlines=False)}:\n{safe(plan.text)}\n")
             sys.stdout.flush()
             approved = ask("approve? (y/n)", "y").strip().lower().startswith("y")
             feedback = ask("feedback", "approved" if approved else "revise the plan")

@@ -167,19 +167,26 @@ def print_messages(messages: Iterable[Message], json_out: bool = False) -> None:
 
 
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    """A table: rich on a terminal, tab-separated lines (no header) in a pipe."""
+    """A table: rich on a terminal, tab-separated lines (no header) in a pipe.
+
+    Every cell and the title are escaped (a tab or newline too, so a cell cannot forge a
+    column or a row), and none is read as rich markup: they hold stored text (a member's
+    description, a reason, a presence record) that another process wrote.
+    """
+    cells = [[safe(cell, newlines=False) for cell in row] for row in rows]
     if not is_terminal():
-        for row in rows:
+        for row in cells:
             sys.stdout.write("\t".join(row) + "\n")
         sys.stdout.flush()
         return
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title, title_justify="left")
+    table = Table(title=Text(safe(title, newlines=False)), title_justify="left")
     for column in columns:
         table.add_column(column)
-    for row in rows:
-        table.add_row(*row)
+    for row in cells:
+        table.add_row(*(Text(cell) for cell in row))
     console().print(table)
 
 

@@ -16,7 +16,9 @@ def run(
     argv: Annotated[
         list[str], Argument(help="The command and its arguments, after '--'.", metavar="COMMAND")
     ],
-    jobs: Annotated[int, Option("--jobs", help="Runs at once.", metavar="N")] = 4,
+    jobs: Annotated[
+        int, Option("--jobs", help="Runs at once (at most 256).", metavar="N", most=256)
+    ] = 4,
     timeout: Annotated[
         float,
         Option("--timeout", help="Kill a run (and all it started) after S seconds.", metavar="S"),

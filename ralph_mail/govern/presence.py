@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import orjson
 
@@ -73,23 +73,33 @@ class AgentInfo:
         }
 
 
+#: The latest ``until`` there is: a wire timestamp has a four-digit year, and compares
+#: as text.
+LATEST_UNTIL: Final = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+
+
 def parse_until(value: str | datetime | None) -> str:
     """``until`` as a wire timestamp: an ISO-8601 time, a datetime, or ``+DURATION``
-    (``+90s``, ``+15m``, ``+2h``); ``""`` for None.
+    (``+90s``, ``+15m``, ``+2h``); ``""`` for None. A time before 1970 or after
+    `LATEST_UNTIL` is refused (`InvalidMessage`): a timestamp's year must have four digits.
 
     >>> parse_until("2030-01-01T00:00:00Z")
     '2030-01-01T00:00:00.000000Z'
     """
     if value is None or value == "":
         return ""
+    given = value
     if isinstance(value, str) and value.startswith("+"):
         units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
         amount, unit = value[1:-1], value[-1:]
-        if unit not in units or not amount.isdigit():
+        if unit not in units or not (amount.isascii() and amount.isdigit()):
             raise InvalidMessage(
                 f"invalid duration {value!r}: write +N followed by s, m, h or d (e.g. +15m)"
             )
-        value = datetime.now(UTC) + timedelta(seconds=int(amount) * units[unit])
+        try:  # (a number thousands of digits long is a ValueError)
+            value = datetime.now(UTC) + timedelta(seconds=int(amount) * units[unit])
+        except (OverflowError, ValueError):
+            raise _out_of_range(given) from None
     if isinstance(value, str):
         try:
             value = datetime.fromisoformat(value.replace("Z", "+00:00"))
@@ -97,9 +107,27 @@ def parse_until(value: str | datetime | None) -> str:
             raise InvalidMessage(
                 f"invalid time {value!r}: give ISO-8601 (2030-01-01T09:00:00Z) or +DURATION"
             ) from None
+    if not isinstance(value, datetime):
+        raise InvalidMessage(
+            f"invalid time {value!r}: give an ISO-8601 time, +DURATION or a datetime"
+        )
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
-    return format_ts(int(value.timestamp() * 1_000_000))
+    try:
+        stamp = value.timestamp()
+    except (OverflowError, ValueError, OSError):  # before year 1 in UTC
+        stamp = -1.0
+    if not 0 <= stamp <= LATEST_UNTIL.timestamp():
+        raise _out_of_range(given)
+    return format_ts(int(stamp * 1_000_000))
+
+
+def _out_of_range(given: str | datetime) -> InvalidMessage:
+    shown = str(given) if len(str(given)) <= 30 else str(given)[:26] + "..."
+    return InvalidMessage(
+        f"invalid time {shown!r}: it is not between 1970 and 9999-12-31; give a "
+        "nearer one, e.g. +15m or 2030-01-01T09:00:00Z"
+    )
 
 
 def record(state: str, until: str, last_seen: str) -> bytes:

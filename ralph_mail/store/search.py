@@ -162,7 +162,7 @@ class SearchIndex:
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY ts DESC LIMIT ?"
-        params.append(str(query.limit))
+        params.append(str(min(query.limit, 2**63 - 1)))  # sqlite's largest: no more can match
         return [(str(inbox), int(offset), int(length))
                 for inbox, offset, length in self._conn().execute(sql, params)]  # fmt: skip
 
