@@ -602,9 +602,10 @@ def team_config(
         if key is not None and value is not None:
             from ralph_mail.cli.governance import setting_value
 
+            checked = setting_value(key, value)  # a bad value first: exit 2
             bus = identity(home, name, agent).lead("changing the team's settings")
             try:
-                change_roster(bus.team, config={key: setting_value(key, value)})
+                change_roster(bus.team, config={key: checked})
             finally:
                 bus.close()
         roster = load_team(name, home)

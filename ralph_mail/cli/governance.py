@@ -186,9 +186,10 @@ def policy_depth(
     def action() -> None:
         from ralph_mail.team import change_roster
 
+        value = setting_value("max_depth", str(depth))  # a bad value first: exit 2
         bus = identity(home, team, agent).lead("changing the team's max_depth")
         try:
-            change_roster(bus.team, config={"max_depth": setting_value("max_depth", str(depth))})
+            change_roster(bus.team, config={"max_depth": value})
         finally:
             bus.close()
 
