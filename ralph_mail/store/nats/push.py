@@ -1,7 +1,7 @@
 """What nats-py carries for the NATS store (`ralph_mail.store.nats`): one asyncio
 connection per process and server, on a loop thread of its own, for what the server
 pushes (the bucket's `Keys`, watched) and for the creation and removal of teams. The
-store's own round trips, waits included, go over `natswire` instead.
+store's own round trips, waits included, go over `wire` instead.
 """
 
 from __future__ import annotations

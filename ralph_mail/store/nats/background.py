@@ -1,0 +1,97 @@
+"""The NATS store's writes made in the background: index entries and cursors, which a
+caller need not wait for, made in the order they came on one thread of the process's
+own; a read that must see them (`flush`) waits for them first."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ralph_mail.store.nats.wire import REQUEST_S
+
+#: Writes this process has under way in the background (index entries, cursors), made
+#: in order on one thread of their own.
+_PENDING: list[tuple[str, concurrent.futures.Future[Any]]] = []
+_PENDING_LOCK = threading.Lock()
+
+
+class _Background:
+    """One daemon thread making writes in the order they came. Not an executor's: at
+    exit the interpreter would wait for every write still queued (10 s each, with the
+    server away); what `close` did not see done is left, as a crash would leave it."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[concurrent.futures.Future[Any], Callable[[], Any]]]
+        self._queue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, write: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._queue.put((future, lambda: write(*args)))
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="ralph-nats-write",
+                                                daemon=True)  # fmt: skip
+                self._thread.start()
+        return future
+
+    def _run(self) -> None:
+        while True:
+            future, write = self._queue.get()
+            try:
+                future.set_result(write())
+            except BaseException as exc:
+                future.set_exception(exc)
+
+
+_BACKGROUND = _Background()
+
+
+def _forked() -> None:
+    """A child starts with no writes of its parent's (their thread did not come along)."""
+    global _BACKGROUND, _PENDING_LOCK
+    _BACKGROUND, _PENDING_LOCK = _Background(), threading.Lock()
+    _PENDING.clear()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def pending_lock() -> threading.Lock:
+    """The lock of what is under way (a child's own after a fork): it also guards the
+    index entries a store has queued for its next write."""
+    return _PENDING_LOCK
+
+
+def later(kind: str, write: Callable[..., Any], *args: Any) -> None:
+    """Make ``write(*args)`` on the process's background thread, after the writes
+    started before it; `flush` waits for it."""
+    with _PENDING_LOCK:
+        _PENDING[:] = [(k, f) for k, f in _PENDING if not f.done()]
+        _PENDING.append((kind, _BACKGROUND.submit(write, *args)))
+
+
+def flush(kind: str = "") -> None:
+    """Wait for the writes of ``kind`` ("index" entries, "cursor"s; all by default)
+    this process is still making (any store's: a bus reads what another bus of the
+    process wrote, as on files)."""
+    with _PENDING_LOCK:
+        pending = [f for k, f in _PENDING if kind in ("", k)]
+        _PENDING[:] = [(k, f) for k, f in _PENDING if kind not in ("", k)]
+    deadline = time.monotonic() + REQUEST_S  # for them all (a server away: not each)
+    for future in pending:
+        try:
+            future.result(max(0.0, deadline - time.monotonic()))
+        except Exception as exc:
+            import warnings
+
+            why = str(exc) or f"not done within {REQUEST_S:g} s"
+            warnings.warn(f"a background write failed ({why}): an index entry is "
+                          "missing, or a cursor moved less far", RuntimeWarning,
+                          stacklevel=3)  # fmt: skip

@@ -1,0 +1,158 @@
+"""The NATS JetStream backend's team store (DESIGN §13): the same mailbox for a team
+whose agents run on several hosts. Selected by ``RALPH_BACKEND=nats://HOST:PORT``
+(nats-py, the ``nats`` extra).
+
+A team is one stream, ``RALPH_<team in hex>`` over ``ralph.<team in hex>.>``, and one
+key-value bucket of the same name. Every log the library keeps is a subject of that
+stream: an inbox (``in.<agent>``), a channel (``ch.<name>``), a team log (``tl.<name>``,
+the task log among them), an index (``ix.<key>``); how they are written and read is
+`logs`. A waiter pulls from an ephemeral consumer of its subjects (`waiter`). The bucket
+keeps the roster, presence, cursors, state, rates and the one-consumer claim
+(`bucket`). `NatsStore` puts the two sides together, and adds what needs both: gc and
+search.
+
+What the file backend does with gc is the server's business here: nothing is compacted
+(``compact`` drops nothing; the stream's limits and ``purge_archive`` bound it), so the
+audit trail is the stream itself.
+
+Two connections per process and server. The store's round trips (appends, reads, the
+bucket's keys, cursor and index writes) go over a blocking socket per thread
+(`wire.Wire`; see `stream`): nats-py is asyncio only, and reaching its loop from a
+synchronous caller costs a thread hop longer than the round trip. nats-py's connection
+(`push`), on a loop thread of its own, carries the bucket's watch and the creation and
+removal of teams; it is imported when first needed. Cursor and index writes are made
+in the background, in order, on one thread of their own (`background`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ralph_mail.store.base import Compaction
+from ralph_mail.store.nats.background import flush
+from ralph_mail.store.nats.logs import Logs
+from ralph_mail.store.nats.names import kv_key, untoken
+
+if TYPE_CHECKING:
+    from ralph_mail.store.base import Query
+    from ralph_mail.store.search import SearchIndex
+
+
+class NatsStore(Logs):
+    """One team on a NATS server (see the module docstring)."""
+
+    def __init__(self, url: str, team: str, *, durable: bool = False) -> None:
+        super().__init__(url, team, durable=durable)
+        self._search: SearchIndex | None = None
+
+    # -- gc -------------------------------------------------------------------------------
+
+    def compact(
+        self,
+        agent: str,
+        min_bytes: int = 1,
+        *,
+        timeout: float = 0.0,
+        drop_before: str | None = None,
+    ) -> Compaction:
+        """Move the inbox's start up to its readers' floor. Nothing is deleted: what an
+        inbox drops on files goes to the archive, and here the stream is that archive
+        (`read_audit` reads it); with ``drop_before`` the lines older than it are purged
+        from the server for good."""
+        if drop_before is not None:
+            self.purge_archive(agent, drop_before)
+        subject = self._subject(agent)
+        base = self._base(agent)
+        floors = [self.load_cursor(reader).floor for reader in self._readers(agent)]
+        floor = min(floors, default=base)
+        end = self.size(agent)
+        if floor - base < max(min_bytes, 1):
+            return Compaction(agent, 0, end - base, base)
+        dropped = self._ordinal(subject, floor) - self._ordinal(subject, base)
+        self._kv_put(f"base.{kv_key(agent)}", str(floor).encode())
+        return Compaction(agent, floor - base, end - floor, floor, dropped)
+
+    def _base(self, agent: str) -> int:
+        raw = self._kv_get(f"base.{kv_key(agent)}")
+        return int(raw) if raw else 0
+
+    def _ordinal(self, subject: str, offset: int) -> int:
+        """How many lines of ``subject`` come before ``offset``."""
+        at = self._seq_at(subject, offset)
+        found = self._get(subject, at[0]) if at is not None else None
+        if found is None:  # at the end: every line comes before it
+            return self._tail(subject)[2]
+        return int(found.headers["Ralph-N"]) - 1
+
+    def _readers(self, key: str) -> list[str]:
+        """Whose cursors hold a log's start: its owner, or a channel's members."""
+        if not key.startswith("#"):
+            return [key]
+        cursors = f"$KV.{self.stream}.cursor."
+        info = self._api(f"STREAM.INFO.KV_{self.stream}", {"subjects_filter": f"{cursors}>"})
+        prefix = f"{key}@"
+        readers = []
+        for stored in info.get("state", {}).get("subjects") or {}:
+            name = stored[len(cursors) :]
+            name = bytes.fromhex(name[1:]).decode() if name.startswith("x") else name
+            if name.startswith(prefix) and self._kv_get(f"cursor.{kv_key(name)}") is not None:
+                readers.append(name)  # (a deleted cursor keeps its subject, empty)
+        return readers
+
+    def collect(
+        self, logs: list[str], min_bytes: int, drop_before: str | None, timeout: float
+    ) -> tuple[tuple[Compaction, ...], tuple[Path, ...]]:
+        """gc: each log compacted; this backend keeps no temp files to remove."""
+        compactions = tuple(self.compact(log, min_bytes, drop_before=drop_before) for log in logs)
+        return compactions, ()
+
+    def collectable(self, agent: str, floor: int) -> int:
+        """From the bucket's watch (a test after every consume: no round trip); a base
+        moved a moment ago elsewhere only makes `compact` look, and it reads it exactly."""
+        found = self._watched(f"base.{kv_key(agent)}")
+        return max(0, floor - (int(found[0]) if found is not None else 0))
+
+    # -- search ---------------------------------------------------------------------------
+
+    def search(self, query: Query) -> list[bytes]:
+        import sqlite3
+
+        from ralph_mail.store.search import SearchIndex
+
+        if self._search is None:
+            connect = lambda: sqlite3.connect(":memory:", check_same_thread=False)  # noqa: E731
+            self._search = SearchIndex(connect, self.read_audit, self._logs)
+        found = self._search.search(query)
+        lines = (self.read_line(inbox, offset, length) for inbox, offset, length in found)
+        return [line for line in lines if line is not None]
+
+    def _logs(self) -> list[str]:
+        """Every inbox and channel of the team that holds a line (a former member's too)."""
+        found = []
+        for kind, mark in (("in", ""), ("ch", "#")):  # (not the indexes: one a thread)
+            wanted = {"subjects_filter": f"{self._prefix}.{kind}.>"}
+            info = self._api(f"STREAM.INFO.{self.stream}", wanted)
+            for subject in info.get("state", {}).get("subjects") or {}:
+                found.append(mark + untoken(subject[len(self._prefix) + len(kind) + 2 :]))
+        return sorted(found)
+
+    def forget_archived(self, agent: str, offset: int) -> None:
+        if self._search is not None:
+            self._search.forget_before(agent, offset)
+
+    # -- closing --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        flush()
+        self._closed.set()
+        for agent in list(self._claims):
+            self.release(agent)
+        if self._keys is not None:
+            keys, self._keys, self._cache = self._keys, None, None
+            with contextlib.suppress(Exception):  # a server gone: its consumers went too
+                self._link.run(keys.stop(), 2.0)
+        if self._search is not None:
+            self._search.close()
+            self._search = None
