@@ -3,8 +3,11 @@
 Split by concern: ``layout`` (where a team's files live, teams made and removed),
 ``inbox`` (the inbox log), ``slots`` (the slot file behind cursors and bases), ``posix``
 (opens, writes, errors), ``watch`` (waking on file events), ``archive`` (what gc
-collected), ``doctor`` (checks), and ``backend`` (`FileStore` and `FileBackend`, which
-put them together).
+collected), ``deadletters`` (lines set aside), ``doctor`` (checks); one team's store in
+parts: ``team`` (directories and kept descriptors), ``logs`` (inboxes, channels, team
+logs, cursors, search), ``records`` (presence, state, rates, indexes), ``claims`` (the
+one consumer of an inbox), ``maintenance`` (gc); and ``backend`` (`FileStore`, those
+parts put together, and `FileBackend`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,286 @@
+"""A team store's small records: presence, keyed state (with the save counter every
+process watches), rate rings, the indexes of conversations and threads, dead letters.
+
+Presence is a slot file (slots.py); state a file per key, replaced whole; a rate ring
+and the save counter are files mapped shared; an index is a file of fixed-width
+entries, each appended in one write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import mmap
+import os
+import re
+import struct
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ralph_mail.errors import StoreError
+from ralph_mail.store.base import check_key
+from ralph_mail.store.files.deadletters import DeadLetters
+from ralph_mail.store.files.posix import open_file, pread_all, read_file, replace_file, store_error
+from ralph_mail.store.files.slots import SlotFile
+from ralph_mail.store.files.team import TeamFiles
+
+#: One index entry: a magic, the inbox's agent name (NUL-padded), the line's offset and
+#: length, then a crc32 of those: 84 bytes.
+_ENTRY = struct.Struct("<2s64sqI")
+_CRC = struct.Struct("<I")
+_RECORD = _ENTRY.size + _CRC.size
+_MAGIC = b"\xa5\x5a"
+_INDEX_KEY = re.compile(r"[a-z]+\+[A-Za-z0-9_.+-]{1,140}")
+_COUNTER = struct.Struct("<Q")
+#: State and rate keys already checked: the checks stay off the send path.
+_CHECKED: set[str] = set()
+_RING_HEAD = struct.Struct("<QQ")  # limit, head: the slot of the oldest time
+_RING_SLOT = struct.Struct("<d")
+
+
+class Records(TeamFiles):
+    """Presence, state, rates, indexes and dead letters (mixed into `FileStore`)."""
+
+    # -- presence --------------------------------------------------------------------------
+
+    def save_presence(self, agent: str, record: bytes) -> None:
+        """Keep ``record`` as ``agent``'s presence (a slot file: no fsync, a pwrite)."""
+        dirs = self.dirs
+        slots = self._presence.get(agent)
+        if slots is None:
+            slots = self._presence[agent] = SlotFile(
+                lambda: dirs.get("presence"), f"{agent}.slot", f"presence of {agent!r}"
+            )
+        slots.save(record)
+
+    def load_presence(self, agent: str) -> bytes | None:
+        """The last presence record saved for ``agent`` (None: never)."""
+        dirs = self.dirs
+        return SlotFile(
+            lambda: dirs.get("presence"), f"{agent}.slot", f"presence of {agent!r}"
+        ).load()
+
+    # -- small keyed state -----------------------------------------------------------------
+
+    def load_state(self, key: str) -> bytes | None:
+        """The bytes last saved under ``key`` (a name), or None when nothing was."""
+        check_key(key, "state key")
+        try:
+            return read_file(f"{key}.json", self.dirs.get("state"))
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise store_error(exc, str(self.dirs.path("state", f"{key}.json")), "read") from None
+
+    def save_state(self, key: str, data: bytes) -> None:
+        """Replace what is saved under ``key`` with ``data``, atomically and durably."""
+        check_key(key, "state key")
+        with self._saving():
+            self._replace_state(key, data)
+
+    def update_state(self, key: str, change: Callable[[bytes | None], bytes]) -> None:
+        """Read, change and save ``key``, all under the flock of ``state/control``."""
+        check_key(key, "state key")
+        with self._saving():
+            self._replace_state(key, change(self.load_state(key)))
+
+    @contextlib.contextmanager
+    def _saving(self) -> Iterator[None]:
+        """Hold the flock of ``state/control`` for a save, and count the save there once
+        it is done, so every process sees it at its next look (`state_version`)."""
+        shared = self._mapped("control", 8)
+        fd = self._indexes["control"]
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            yield
+            _COUNTER.pack_into(shared, 0, _COUNTER.unpack_from(shared, 0)[0] + 1)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _replace_state(self, key: str, data: bytes) -> None:
+        try:
+            replace_file(f"{key}.json", data, self.dirs.get("state"))
+        except OSError as exc:
+            raise store_error(exc, str(self.dirs.path("state", f"{key}.json")), "save") from None
+
+    def state_version(self, key: str) -> tuple[int, ...] | None:
+        """(inode, mtime in ns, size, mode) of the state file, or None when there is none.
+
+        A save bumps a counter in ``state/control``, shared by every process through
+        mmap: while it stays put, the answer comes from memory (0.2 µs, not a 2 µs stat
+        per send), and is checked on disk again at least once a second, so a file edited
+        by hand is noticed too.
+        """
+        cached = self._versions.get(key)
+        shared = self._maps.get("control")
+        now = time.monotonic()
+        if (
+            cached is not None
+            and shared is not None
+            and cached[0] == _COUNTER.unpack_from(shared, 0)[0]
+            and now - cached[1] < 1.0
+        ):
+            return cached[2]  # the fast path: no save since, and looked at within 1 s
+        if key not in _CHECKED:
+            _CHECKED.add(check_key(key, "state key"))
+        counter = self._control()
+        try:
+            found = os.stat(f"{key}.json", dir_fd=self.dirs.get("state"), follow_symlinks=False)
+            version: tuple[int, ...] | None = (found.st_ino, found.st_mtime_ns, found.st_size,
+                                               found.st_mode)  # fmt: skip
+        except FileNotFoundError:
+            version = None
+        except OSError as exc:
+            raise store_error(exc, str(self.dirs.path("state", f"{key}.json")), "read") from None
+        self._versions[key] = (counter, now, version)
+        return version
+
+    def _control(self) -> int:
+        """The counter of state saves in ``state/control``; -1 when a team made before it
+        has none yet (a look never creates it: a save does)."""
+        if "control" not in self._maps:
+            try:
+                os.stat("control", dir_fd=self.dirs.get("state"), follow_symlinks=False)
+            except FileNotFoundError:
+                return -1
+            except OSError as exc:
+                raise store_error(exc, str(self.dirs.path("state", "control")), "read") from None
+        value: int = _COUNTER.unpack_from(self._mapped("control", 8), 0)[0]
+        return value
+
+    def _mapped(self, name: str, size: int) -> mmap.mmap:
+        """``state/NAME`` mapped shared, at least ``size`` bytes (kept open)."""
+        shared = self._maps.get(name)
+        if shared is not None and len(shared) >= size and self.dirs.generation == self._generation:
+            return shared
+        self._fresh()
+        try:
+            fd = self._indexes.get(name)
+            if fd is None:
+                fd = open_file(name, os.O_RDWR | os.O_CREAT, self.dirs.get("state"))
+                self._indexes[name] = fd
+            if os.fstat(fd).st_size < size:
+                os.ftruncate(fd, size)  # zeros: a counter at 0, an empty ring
+            if shared is not None:
+                shared.close()
+            shared = self._maps[name] = mmap.mmap(fd, size)
+        except OSError as exc:
+            raise store_error(exc, str(self.dirs.path("state", name)), "map") from None
+        return shared
+
+    def state_where(self, key: str) -> str:
+        return str(self.dirs.path("state", f"{check_key(key, 'state key')}.json"))
+
+    # -- rates -----------------------------------------------------------------------------
+
+    def take(self, key: str, limit: int, window: float) -> float:
+        """A ring of ``limit`` event times in ``state/KEY.rate``, the oldest at its head,
+        mapped shared and changed under an flock of that file, so concurrent processes
+        count each event once; a take costs the lock and a few bytes of memory."""
+        name = f"{key}.rate"
+        try:
+            ring = self._maps.get(name)
+            if ring is None or len(ring) < _RING_HEAD.size + 8 * limit:
+                if key not in _CHECKED:
+                    _CHECKED.add(check_key(key, "rate key"))
+                ring = self._mapped(name, _RING_HEAD.size + 8 * limit)
+            fd = self._indexes[name]
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                return _take(ring, limit, window, time.time())
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        except OSError as exc:
+            raise store_error(exc, str(self.dirs.path("state", name)), "count") from None
+
+    # -- indexes ---------------------------------------------------------------------------
+
+    def _index_fd(self, key: str) -> int:
+        if not _INDEX_KEY.fullmatch(key):
+            raise StoreError(f"invalid index key {key!r}")
+        fd = self._indexes.get(key)
+        if fd is None or self.dirs.generation != self._generation:
+            self._fresh()
+            fd = open_file(
+                f"{key}.idx", os.O_RDWR | os.O_APPEND | os.O_CREAT, self.dirs.get("index")
+            )
+            self._indexes[key] = fd
+        return fd
+
+    def index_add(self, key: str, agent: str, offset: int, length: int) -> None:
+        """Append one entry (the inbox, offset, length) to ``index/KEY.idx``.
+
+        An entry is one fixed-width, checksummed record written with a single O_APPEND
+        write and no lock: the kernel puts each write whole at the end (an entry costs
+        about a microsecond, against four with a flock around it). A write cut short (a
+        full disk) leaves a fragment that readers step over by the checksum.
+        """
+        body = _ENTRY.pack(_MAGIC, agent.encode(), offset, length)
+        record = body + _CRC.pack(zlib.crc32(body))
+        try:
+            os.write(self._index_fd(key), record)
+        except OSError as exc:
+            raise store_error(exc, str(self.dirs.path("index", f"{key}.idx")), "write") from None
+
+    def index_tail(self, key: str, count: int) -> list[tuple[str, int, int]]:
+        try:
+            fd = self._index_fd(key)
+            size = os.fstat(fd).st_size
+            if size % _RECORD:  # a fragment somewhere: read it all and step over it
+                data = pread_all(fd, size, 0)
+            else:
+                want = min(size, count * _RECORD)
+                data = pread_all(fd, want, size - want)
+        except OSError as exc:
+            raise store_error(exc, str(self.dirs.path("index", f"{key}.idx")), "read") from None
+        entries = _entries(data)
+        return entries[-count:] if count > 0 else []
+
+    # -- dead letters ----------------------------------------------------------------------
+
+    def dead_letter(self, agent: str, offset: int, line: bytes, reason: str) -> None:
+        """Record a line of ``agent``'s inbox that was set aside, and why."""
+        DeadLetters(self.dirs, agent)(offset, line, reason)
+
+    def dead_letters(self, agent: str) -> list[dict[str, Any]]:
+        """Every dead letter recorded for ``agent``'s inbox, oldest first."""
+        return DeadLetters(self.dirs, agent).read()
+
+
+def _entries(data: bytes) -> list[tuple[str, int, int]]:
+    """The whole, valid index entries in ``data``, in order, stepping over fragments."""
+    entries = []
+    position = 0
+    while position + _RECORD <= len(data):
+        body = data[position : position + _ENTRY.size]
+        crc = _CRC.unpack_from(data, position + _ENTRY.size)[0]
+        if body[:2] == _MAGIC and crc == zlib.crc32(body):
+            _, agent, offset, length = _ENTRY.unpack(body)
+            entries.append((agent.rstrip(b"\0").decode(), offset, length))
+            position += _RECORD
+        else:  # a fragment of a write cut short: find the next entry
+            found = data.find(_MAGIC, position + 1)
+            position = found if found >= 0 else len(data)
+    return entries
+
+
+def _take(ring: mmap.mmap, limit: int, window: float, now: float) -> float:
+    """One take on a mapped rate ring (see `FileStore.take`), under its lock."""
+    size, oldest = _RING_HEAD.unpack_from(ring, 0)
+    if size != limit:  # new, or the limit changed: keep the newest times that still fit
+        count = min(size, (len(ring) - _RING_HEAD.size) // 8)
+        times = list(struct.unpack_from(f"<{count}d", ring, _RING_HEAD.size))
+        kept = (times[oldest:] + times[:oldest])[-limit:] if count else []
+        times = [0.0] * (limit - len(kept)) + kept
+        struct.pack_into(f"<{limit}d", ring, _RING_HEAD.size, *times)
+        size, oldest = limit, 0
+    slot = _RING_HEAD.size + 8 * oldest
+    first: float = _RING_SLOT.unpack_from(ring, slot)[0]
+    if first > now - window:
+        _RING_HEAD.pack_into(ring, 0, limit, oldest)
+        return first + window - now
+    _RING_SLOT.pack_into(ring, slot, now)
+    _RING_HEAD.pack_into(ring, 0, limit, (oldest + 1) % limit)
+    return 0.0

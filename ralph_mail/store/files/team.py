@@ -1,0 +1,182 @@
+"""What every part of one team's file store shares: its directories, the descriptors it
+keeps open between calls, and their lifetime (closed, collected, renewed when the team is
+made again).
+
+`FileStore` (backend.py) is `TeamFiles` with its parts mixed in: logs.py (inboxes,
+channels, team logs, cursors, search), records.py (presence, state, rates, indexes, dead
+letters) and maintenance.py (gc); the claims of inboxes are in claims.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import mmap
+import os
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ralph_mail.store.files.claims import Claims
+from ralph_mail.store.files.deadletters import DeadLetters
+from ralph_mail.store.files.inbox import InboxLog
+from ralph_mail.store.files.layout import TeamDirs, log_place
+from ralph_mail.store.files.posix import open_file, read_file, replace_file, store_error
+from ralph_mail.store.files.slots import SlotFile
+
+if TYPE_CHECKING:
+    from ralph_mail.store.search import SearchIndex
+
+
+class TeamFiles:
+    """The files of one team, and the descriptors kept open on them.
+
+    Descriptors inherited through ``fork`` are never reused: a child shares the parent's
+    open file description, and with it the parent's flock.
+    """
+
+    def __init__(self, home: Path, team: str, *, durable: bool = False) -> None:
+        self.team = team
+        self.durable = durable
+        self.dirs = TeamDirs(home, team)
+        self._logs: dict[str, InboxLog] = {}
+        self._cursors: dict[str, SlotFile] = {}
+        self._claims = Claims(self.dirs, team)
+        self._indexes: dict[str, int] = {}
+        self._maps: dict[str, mmap.mmap] = {}  # state files shared through mmap
+        self._versions: dict[str, tuple[int, float, tuple[int, ...] | None]] = {}
+        self._search: SearchIndex | None = None
+        self._presence: dict[str, SlotFile] = {}
+        self._generation = 0
+        # A store dropped without close() still gives its descriptors back when collected.
+        weakref.finalize(
+            self,
+            _close_all,
+            self._logs,
+            {"cursors": self._cursors, "presence": self._presence},
+            self._claims,
+            self._indexes,
+            self._maps,
+            self.dirs,
+        )
+
+    # -- paths (for messages and doctor) ---------------------------------------------------
+
+    @property
+    def root(self) -> Path:
+        """The team's directory (this backend's own business: doctor, tests)."""
+        return self.dirs.root
+
+    def inbox_path(self, agent: str) -> Path:
+        return self.dirs.path(*log_place(agent))
+
+    def cursor_path(self, agent: str) -> Path:
+        return self.dirs.path("cursors", f"{agent}.cursor")
+
+    def deadletter_path(self, agent: str) -> Path:
+        return self.dirs.path("deadletters", f"{agent}.jsonl")
+
+    def roster(self) -> bytes:
+        try:
+            return read_file("team.json", self.dirs.root_fd())
+        except OSError as exc:
+            raise store_error(exc, str(self.dirs.path("team.json")), "read") from None
+
+    def update_roster(self, change: Callable[[bytes], bytes]) -> None:
+        """Rewrite ``team.json`` as ``change(old)``, under ``roster.lock`` (never unlinked),
+        atomically: a reader sees the old roster or the new one."""
+        where = str(self.dirs.path("team.json"))
+        try:
+            root = self.dirs.root_fd()
+            lock = open_file("roster.lock", os.O_RDWR | os.O_CREAT, root)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                replace_file("team.json", change(read_file("team.json", root)), root)
+            finally:
+                os.close(lock)
+        except OSError as exc:
+            raise store_error(exc, where, "rewrite") from None
+
+    def _log(self, agent: str) -> InboxLog:
+        log = self._logs.get(agent)
+        if log is None:
+            log = self._logs[agent] = InboxLog(self.dirs, agent, DeadLetters(self.dirs, agent))
+        return log
+
+    def _fresh(self) -> None:
+        """After the team was deleted and made again, forget what belonged to the old one:
+        kept cursor descriptors, and claims (taken again on the new team's lock)."""
+        if self._generation == self.dirs.generation:
+            return
+        self._generation = self.dirs.generation
+        for slots in self._cursors.values():
+            slots.close()
+        self._cursors.clear()
+        _close_indexes(self._indexes, self._maps)
+        self._versions.clear()
+        for slots in self._presence.values():
+            slots.close()
+        self._presence.clear()
+        self._claims.renew()
+
+    # -- one consumer per inbox ------------------------------------------------------------
+
+    def claim(self, agent: str) -> None:
+        """Become the one consumer of ``agent``'s inbox for this process (see `Claims`)."""
+        self._fresh()
+        self._claims.claim(agent)
+
+    def release(self, agent: str) -> None:
+        self._claims.release(agent)
+
+    def consumer(self, agent: str) -> int | None:
+        """The pid of the process consuming ``agent``'s inbox now, or None."""
+        return self._claims.consumer(agent)
+
+    def close(self) -> None:
+        """Close every kept descriptor and give up claims (those inherited through fork
+        are left alone)."""
+        if self._search is not None:
+            self._search.close()
+            self._search = None
+        _close_all(
+            self._logs,
+            {"cursors": self._cursors, "presence": self._presence},
+            self._claims,
+            self._indexes,
+            self._maps,
+            self.dirs,
+        )
+
+
+def _close_all(
+    logs: dict[str, InboxLog],
+    slot_files: dict[str, dict[str, SlotFile]],
+    claims: Claims,
+    indexes: dict[str, int],
+    maps: dict[str, mmap.mmap],
+    dirs: TeamDirs,
+) -> None:
+    # Takes the parts, not the store, so that it can also run as the store's finalizer.
+    claims.close()
+    for log in logs.values():
+        log.close()
+    logs.clear()
+    for kept in slot_files.values():
+        for slots in kept.values():
+            slots.close()
+        kept.clear()
+    _close_indexes(indexes, maps)
+    dirs.close()
+
+
+def _close_indexes(indexes: dict[str, int], maps: dict[str, mmap.mmap]) -> None:
+    for shared in maps.values():
+        with contextlib.suppress(BufferError, ValueError):
+            shared.close()
+    maps.clear()
+    for fd in indexes.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    indexes.clear()
