@@ -2,6 +2,8 @@
 
 Each test runs once per backend (the ``backend`` parameter); a new backend joins the list
 in `make_store` and must pass the same suite, as huey's backends pass its StorageTests.
+It runs too on `PrimitivesOnly`: the primitives of a memory store and nothing else of it,
+with the records `Records` writes over them, which is all a new backend has to provide.
 """
 
 from __future__ import annotations
@@ -11,24 +13,58 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from conftest import BACKENDS, backend_url
 
 from ralph_mail.errors import InboxBusy, MailError
 from ralph_mail.message import encode_parts
-from ralph_mail.store import Cursor, TeamStore, backend
+from ralph_mail.store import Cursor, Primitives, TeamStore, backend
 from ralph_mail.store.memory import MemoryStore
+from ralph_mail.store.records import Records
+
+#: The methods a backend must write itself: everything else `Records` provides.
+PRIMITIVES = frozenset(
+    name for name, value in vars(Primitives).items() if callable(value) and name[0] != "_"
+)
 
 
-@pytest.fixture(params=BACKENDS)
+class PrimitivesOnly(Records):
+    """A store that is a memory store's primitives alone plus `Records`: a record that
+    used anything else of the memory store would raise AttributeError here."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        self._inner = inner
+        self.team = inner.team
+        self.durable = inner.durable
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in PRIMITIVES:
+            raise AttributeError(f"{name!r} is not a primitive")
+        return getattr(self._inner, name)
+
+
+@pytest.fixture(params=[*BACKENDS, "primitives"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> TeamStore:
     """A team 'c' with inboxes a and b, in a fresh place of the backend under test."""
-    place = backend(tmp_path / "home", backend_url(request.param, tmp_path))
+    kind = "memory" if request.param == "primitives" else request.param
+    place = backend(tmp_path / "home", backend_url(kind, tmp_path))
     place.create_team("c", ["a", "b"], b'{"name": "c", "lead": "a", "members": []}')
     made = place.team_store("c")
     request.addfinalizer(made.close)
+    if request.param == "primitives":
+        assert isinstance(made, MemoryStore)
+        return cast(TeamStore, PrimitivesOnly(made))
     return made
+
+
+def test_the_memory_store_keeps_its_records_with_the_defaults() -> None:
+    """The memory backend writes the primitives and inherits every record, so the suite's
+    run on it is a run of `Records`' defaults (its one override only names its place)."""
+    records = {name for name, value in vars(Records).items() if callable(value)}
+    assert not records & PRIMITIVES
+    assert sorted(records & set(vars(MemoryStore))) == ["state_where"]
 
 
 def line(text: str) -> tuple[bytes, bytes]:
@@ -190,7 +226,7 @@ def test_claim_is_refused_to_a_second_process(store: TeamStore, tmp_path: Path) 
     import multiprocessing
     import os
 
-    if isinstance(store, MemoryStore):
+    if isinstance(store, MemoryStore | PrimitivesOnly):
         pytest.skip("an in-memory place lives in one process")
     store.claim("b")
     context = multiprocessing.get_context("spawn")
@@ -266,6 +302,29 @@ def test_a_team_log_keeps_whole_records_in_order(store: TeamStore) -> None:
         store.log_append("tasks", b'{"n":%d}\n' % n)
     assert store.log_read("tasks").splitlines() == [b'{"n":%d}' % n for n in range(5)]
     assert store.log_read("other") == b""
+
+
+def test_dead_letters_keep_each_set_aside_line_and_why(store: TeamStore) -> None:
+    """dead_letter records a line, where it was and why; dead_letters returns them oldest
+    first, with a ts, per inbox."""
+    store.dead_letter("b", 0, b"not json", "unparseable")
+    store.dead_letter("b", 9, b"\xff", "not utf-8")
+    found = store.dead_letters("b")
+    assert [(d["inbox"], d["offset"], d["reason"]) for d in found] == [
+        ("b", 0, "unparseable"),
+        ("b", 9, "not utf-8"),
+    ]
+    assert found[0]["line"] == "not json" and found[0]["ts"].endswith("Z")
+    assert store.dead_letters("a") == []
+
+
+def test_presence_is_the_last_record_saved(store: TeamStore) -> None:
+    """load_presence returns the last record save_presence kept, or None."""
+    assert store.load_presence("a") is None
+    store.save_presence("a", b'{"state": "idle"}')
+    store.save_presence("a", b'{"state": "working"}')
+    assert store.load_presence("a") == b'{"state": "working"}'
+    assert store.load_presence("b") is None
 
 
 def envelope_line(message_id: str, sender: str, to: str, text: str) -> tuple[bytes, bytes]:

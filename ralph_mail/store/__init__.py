@@ -1,5 +1,5 @@
-"""Storage: the seam every backend implements (`base`), and the one factory that picks a
-backend from a URL (`backend`).
+"""Storage: the seam every backend implements (`base`), the records written once over its
+primitives (`records`), and the one factory that picks a backend from a URL (`backend`).
 
 Nothing above this package imports a backend module: it asks `backend` for one. The
 backends live in a folder each: ``files/`` (the default: JSONL inboxes under a home),
@@ -17,6 +17,7 @@ from ralph_mail.store.base import (
     Compaction,
     Cursor,
     Finding,
+    Primitives,
     Query,
     StopEvent,
     TeamStore,
@@ -56,6 +57,7 @@ __all__ = [
     "Compaction",
     "Cursor",
     "Finding",
+    "Primitives",
     "Query",
     "StopEvent",
     "TeamStore",

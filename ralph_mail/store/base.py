@@ -2,8 +2,11 @@
 
 `MessageBus`, `History`, the orchestrator and the faces above them use these primitives
 alone; only a backend touches files (the file backend, `ralph_mail.store.files`) or the
-network. A second backend implements `Backend` and `TeamStore` and passes the contract
-suite (tests/test_store_contract.py), as huey's storage backends pass its StorageTests.
+network. `TeamStore` is a small set of `Primitives` plus records built over them: a second
+backend implements `Backend` and the primitives, inherits the records from
+`ralph_mail.store.records.Records` (overriding one only to do it faster), and passes the
+contract suite (tests/test_store_contract.py), as huey's storage backends pass its
+StorageTests.
 
 Logs. An inbox is named by its agent; a channel's log by ``#NAME``: the same primitives
 keep both. A channel's compaction keeps what its least advanced member has not read.
@@ -146,35 +149,34 @@ class Waiter(Protocol):
         """Stop waiting and release what the waiter holds."""
 
 
-class TeamStore(Protocol):
-    """Everything one team keeps, primitive by primitive.
+class Primitives(Protocol):
+    """What a backend must provide: the rest of `TeamStore` is records over these
+    (`ralph_mail.store.records.Records` writes them once).
 
-    The roster: `roster`, `update_roster`; presence: `save_presence`, `load_presence`,
-    `consumer`. Inboxes: `append`, `read`, `read_tail`, `read_line`, `size`; indexes of lines
-    (conversations, threads): `index_add`, `index_tail`; cursors: `load_cursor`,
-    `save_cursor`; one consumer per inbox: `claim`, `release`; set-aside lines:
-    `dead_letter`, `dead_letters`; compaction: `compact`, `collectable`; waking:
-    `waiter`; team logs (tasks): `log_append`, `log_read`; small keyed state (the
-    orchestrator's): `load_state`, `save_state`.
+    An append-only log per name with logical offsets (`create_log`, `append`, `read`,
+    `read_tail`, `size`, `read_line`); a key/value with versions (`load_state`,
+    `save_state`, `update_state`, `state_version`); a rate (`take`); one consumer per
+    inbox (`claim`, `release`, `consumer`); a `waiter`; the `roster`; `close`. And what
+    only the backend can do well, because it owns where the bytes are: compaction and
+    its archive (`compact`, `collectable`, `read_audit`, `purge_archive`) and
+    the search of the audit trail (`search`, `forget_archived`).
     """
 
     team: str
     durable: bool
 
+    # The roster.
     def roster(self) -> bytes:
         """The team's roster document (``team.json``) as stored."""
 
     def update_roster(self, change: Callable[[bytes], bytes]) -> None:
         """Replace the roster with ``change(roster)``, atomically, one change at a time."""
 
-    def save_presence(self, agent: str, record: bytes) -> None:
-        """Keep ``record`` as ``agent``'s presence (cheap: called about once a second)."""
-
-    def load_presence(self, agent: str) -> bytes | None:
-        """The last presence record of ``agent``, or None."""
-
-    def consumer(self, agent: str) -> int | None:
-        """The pid of a live process consuming ``agent``'s inbox now (a claim), or None."""
+    # Logs: an append-only log per name (an inbox, ``#NAME``, or a record log of
+    # `ralph_mail.store.records`), addressed by logical byte offsets.
+    def create_log(self, key: str) -> None:
+        """Make the empty log ``key`` (a channel: ``#NAME``); `FileExistsError` when it
+        exists. Every inbox primitive then takes ``key`` as an agent's name."""
 
     def append(self, agent: str, head: bytes, tail: bytes) -> tuple[str, int]:
         """Append the line ``head + ts + tail`` to ``agent``'s inbox; return the ts and
@@ -202,6 +204,23 @@ class TeamStore(Protocol):
         """The line of ``length`` bytes at logical ``offset`` of ``agent``'s inbox, or of
         its archive once gc collected it; None when it is no longer kept (purged)."""
 
+    # What gc and the audit trail need of the backend: compaction, its archive, search.
+    def compact(
+        self,
+        agent: str,
+        min_bytes: int = 1,
+        *,
+        timeout: float = 0.0,
+        drop_before: str | None = None,
+    ) -> Compaction:
+        """Drop the lines below the owner's committed floor; offsets stay valid. What is
+        dropped is archived first (`read_audit`), but the lines older than
+        ``drop_before`` (a ts) when nothing older is archived. ``timeout``: how long to
+        wait for a sender's lock (`LockTimeout` after)."""
+
+    def collectable(self, agent: str, floor: int) -> int:
+        """Bytes below ``floor`` still kept: a cheap test of whether to compact."""
+
     def read_audit(self, agent: str, offset: int) -> tuple[bytes, int]:
         """Like `read`, over everything ever delivered to ``agent``: below the inbox's
         start (what gc collected) the lines come from its archive. Returns
@@ -219,76 +238,7 @@ class TeamStore(Protocol):
         """Drop from the search index what ``agent``'s audit trail no longer holds below
         ``offset`` (after `purge_archive`)."""
 
-    def index_add(self, key: str, agent: str, offset: int, length: int) -> None:
-        """Note that the line at ``offset`` (``length`` bytes) of ``agent``'s inbox belongs
-        to index ``key`` (a conversation between two agents, a thread)."""
-
-    def index_tail(self, key: str, count: int) -> list[tuple[str, int, int]]:
-        """The last ``count`` entries of index ``key``, oldest first, as
-        ``(agent, offset, length)``: O(count), whatever else the team holds."""
-
-    def load_cursor(self, agent: str) -> Cursor:
-        """The owner's persisted cursor (the inbox start when it never committed);
-        ``#NAME@MEMBER``: a member's cursor in channel NAME's log."""
-
-    def save_cursor(self, agent: str, cursor: Cursor) -> None:
-        """Persist ``cursor``: afterwards a crash leaves the old cursor or this one."""
-
-    def claim(self, agent: str) -> None:
-        """Become the one consumer of ``agent``'s inbox, for this process, until
-        `release`; `InboxBusy` naming the holder when another process consumes it."""
-
-    def release(self, agent: str) -> None:
-        """Stop being its consumer (a killed process stops at once, too)."""
-
-    def dead_letter(self, agent: str, offset: int, line: bytes, reason: str) -> None:
-        """Record a line of ``agent``'s inbox that was set aside, and why."""
-
-    def dead_letters(self, agent: str) -> list[dict[str, Any]]:
-        """Every dead letter recorded for ``agent``'s inbox, oldest first."""
-
-    def compact(
-        self,
-        agent: str,
-        min_bytes: int = 1,
-        *,
-        timeout: float = 0.0,
-        drop_before: str | None = None,
-    ) -> Compaction:
-        """Drop the lines below the owner's committed floor; offsets stay valid. What is
-        dropped is archived first (`read_audit`), but the lines older than
-        ``drop_before`` (a ts) when nothing older is archived. ``timeout``: how long to
-        wait for a sender's lock (`LockTimeout` after)."""
-
-    def collect(
-        self, logs: list[str], min_bytes: int, drop_before: str | None, timeout: float
-    ) -> tuple[tuple[Compaction, ...], tuple[Path, ...]]:
-        """gc: `compact` each of ``logs`` (inboxes and ``#NAME`` channel logs), with the
-        backend's own housekeeping around it (the file backend: one run at a time per
-        team, waited for up to ``timeout`` seconds, and the temp files of killed runs
-        removed); return the compactions and what was removed."""
-
-    def collectable(self, agent: str, floor: int) -> int:
-        """Bytes below ``floor`` still kept: a cheap test of whether to compact."""
-
-    def waiter(self, agents: list[str]) -> Waiter:
-        """A `Waiter` woken by changes to these inboxes only (``#NAME``: a channel's log;
-        ``log:NAME``: a team log)."""
-
-    def create_log(self, key: str) -> None:
-        """Make the empty log ``key`` (a channel: ``#NAME``); `FileExistsError` when it
-        exists. Every inbox primitive then takes ``key`` as an agent's name."""
-
-    def drop_cursor(self, key: str) -> None:
-        """Forget cursor ``key`` (a member leaving a channel); nothing when there is none."""
-
-    def log_append(self, name: str, record: bytes) -> None:
-        """Append one record (a line, newline included) to the team log ``name`` (the
-        task log): whole, in order, from any number of processes."""
-
-    def log_read(self, name: str) -> bytes:
-        """The team log ``name``: its whole lines (a record cut short is left out)."""
-
+    # A key/value with versions.
     def load_state(self, key: str) -> bytes | None:
         """The bytes last saved under ``key`` (a name), or None."""
 
@@ -304,17 +254,93 @@ class TeamStore(Protocol):
         """Something that changes whenever ``key`` is saved again (its size among it),
         cheaply, or None when nothing is saved: a cache of the state checks it."""
 
-    def state_where(self, key: str) -> str:
-        """Where ``key`` is kept, for a person fixing it by hand."""
-
+    # Processes: a rate, one consumer per inbox, waking.
     def take(self, key: str, limit: int, window: float) -> float:
         """Count one event under ``key`` if fewer than ``limit`` were counted in the last
         ``window`` seconds, and return 0.0; else count nothing and return how many
         seconds until one leaves the window. Atomic across every process of the team.
         """
 
+    def claim(self, agent: str) -> None:
+        """Become the one consumer of ``agent``'s inbox, for this process, until
+        `release`; `InboxBusy` naming the holder when another process consumes it."""
+
+    def release(self, agent: str) -> None:
+        """Stop being its consumer (a killed process stops at once, too)."""
+
+    def consumer(self, agent: str) -> int | None:
+        """The pid of a live process consuming ``agent``'s inbox now (a claim), or None."""
+
+    def waiter(self, agents: list[str]) -> Waiter:
+        """A `Waiter` woken by changes to these inboxes only (``#NAME``: a channel's log;
+        ``log:NAME``: a team log)."""
+
     def close(self) -> None:
         """Release descriptors, connections and claims; the store may be used again."""
+
+
+class TeamStore(Primitives, Protocol):
+    """Everything one team keeps: the `Primitives`, and records built over them.
+
+    The records: cursors (`load_cursor`, `save_cursor`, `drop_cursor`), presence
+    (`save_presence`, `load_presence`), set-aside lines (`dead_letter`, `dead_letters`),
+    indexes of lines (conversations, threads: `index_add`, `index_tail`), team logs (the
+    task log: `log_append`, `log_read`), gc over `compact` (`collect`) and `state_where`.
+    `Records` implements each over the primitives; a backend overrides one only to do it
+    faster (the file and NATS backends keep their own, in their own formats).
+    """
+
+    # Cursors (keyed state).
+    def load_cursor(self, agent: str) -> Cursor:
+        """The owner's persisted cursor (the inbox start when it never committed);
+        ``#NAME@MEMBER``: a member's cursor in channel NAME's log."""
+
+    def save_cursor(self, agent: str, cursor: Cursor) -> None:
+        """Persist ``cursor``: afterwards a crash leaves the old cursor or this one."""
+
+    def drop_cursor(self, key: str) -> None:
+        """Forget cursor ``key`` (a member leaving a channel); nothing when there is none."""
+
+    # Presence (keyed state).
+    def save_presence(self, agent: str, record: bytes) -> None:
+        """Keep ``record`` as ``agent``'s presence (cheap: called about once a second)."""
+
+    def load_presence(self, agent: str) -> bytes | None:
+        """The last presence record of ``agent``, or None."""
+
+    # Record logs: dead letters, indexes of lines, team logs.
+    def dead_letter(self, agent: str, offset: int, line: bytes, reason: str) -> None:
+        """Record a line of ``agent``'s inbox that was set aside, and why."""
+
+    def dead_letters(self, agent: str) -> list[dict[str, Any]]:
+        """Every dead letter recorded for ``agent``'s inbox, oldest first."""
+
+    def index_add(self, key: str, agent: str, offset: int, length: int) -> None:
+        """Note that the line at ``offset`` (``length`` bytes) of ``agent``'s inbox belongs
+        to index ``key`` (a conversation between two agents, a thread)."""
+
+    def index_tail(self, key: str, count: int) -> list[tuple[str, int, int]]:
+        """The last ``count`` entries of index ``key``, oldest first, as
+        ``(agent, offset, length)``: O(count), whatever else the team holds."""
+
+    def log_append(self, name: str, record: bytes) -> None:
+        """Append one record (a line, newline included) to the team log ``name`` (the
+        task log): whole, in order, from any number of processes."""
+
+    def log_read(self, name: str) -> bytes:
+        """The team log ``name``: its whole lines (a record cut short is left out)."""
+
+    # gc, over `compact`.
+    def collect(
+        self, logs: list[str], min_bytes: int, drop_before: str | None, timeout: float
+    ) -> tuple[tuple[Compaction, ...], tuple[Path, ...]]:
+        """gc: `compact` each of ``logs`` (inboxes and ``#NAME`` channel logs), with the
+        backend's own housekeeping around it (the file backend: one run at a time per
+        team, waited for up to ``timeout`` seconds, and the temp files of killed runs
+        removed); return the compactions and what was removed."""
+
+    def state_where(self, key: str) -> str:
+        """Where ``key`` is kept, for a person fixing it by hand."""
 
 
 class Backend(Protocol):

@@ -14,12 +14,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ralph_mail.errors import StoreError
 from ralph_mail.message import format_ts
-from ralph_mail.store.base import Compaction, Cursor, Finding, StopEvent, check_key
+from ralph_mail.store.base import Compaction, Finding, StopEvent, check_key
+from ralph_mail.store.records import Records, is_record_log
 
 if TYPE_CHECKING:
     from ralph_mail.store.base import Query
@@ -52,12 +52,7 @@ class _Inbox:
 class _Team:
     roster: bytes
     inboxes: dict[str, _Inbox]
-    cursors: dict[str, Cursor] = field(default_factory=dict)
-    dead: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     state: dict[str, bytes] = field(default_factory=dict)
-    indexes: dict[str, list[tuple[str, int, int]]] = field(default_factory=dict)
-    presence: dict[str, bytes] = field(default_factory=dict)
-    logs: dict[str, bytearray] = field(default_factory=dict)
     saves: dict[str, int] = field(default_factory=dict)
     rates: dict[str, list[float]] = field(default_factory=dict)
 
@@ -102,8 +97,9 @@ class MemoryBackend:
         return MemoryStore(self, name, durable)
 
 
-class MemoryStore:
-    """One team of a `MemoryBackend`, behind `TeamStore`."""
+class MemoryStore(Records):
+    """One team of a `MemoryBackend`, behind `TeamStore`: the primitives over dictionaries,
+    the records (cursors, presence, dead letters, indexes, team logs) `Records`' defaults."""
 
     def __init__(self, place: MemoryBackend, team: str, durable: bool) -> None:
         self.place = place
@@ -131,14 +127,6 @@ class MemoryStore:
         with self.place.changed:
             team = self._team()
             team.roster = change(team.roster)
-
-    def save_presence(self, agent: str, record: bytes) -> None:
-        with self.place.changed:
-            self._team().presence[agent] = record
-
-    def load_presence(self, agent: str) -> bytes | None:
-        with self.place.changed:
-            return self._team().presence.get(agent)
 
     def consumer(self, agent: str) -> int | None:
         return None  # one process: nobody else can consume
@@ -193,7 +181,7 @@ class MemoryStore:
 
     def _inboxes_now(self) -> list[str]:
         with self.place.changed:
-            return list(self._team().inboxes)
+            return [log for log in self._team().inboxes if not is_record_log(log)]
 
     def purge_archive(self, agent: str, before: str, *, timeout: float = 0.0) -> int:
         from ralph_mail.message import last_ts
@@ -209,15 +197,6 @@ class MemoryStore:
             del inbox.archive[:cut]
             inbox.archive_start += cut
             return inbox.archive_start if inbox.archive else inbox.base
-
-    def index_add(self, key: str, agent: str, offset: int, length: int) -> None:
-        with self.place.changed:
-            self._team().indexes.setdefault(key, []).append((agent, offset, length))
-
-    def index_tail(self, key: str, count: int) -> list[tuple[str, int, int]]:
-        with self.place.changed:
-            entries = self._team().indexes.get(key, [])
-            return list(entries[-count:]) if count > 0 else []
 
     def read(self, agent: str, offset: int, *, skip_collected: bool = False) -> tuple[bytes, int]:
         with self.place.changed:
@@ -240,32 +219,11 @@ class MemoryStore:
             inbox = self._inbox(agent)
             return inbox.base + len(inbox.data)
 
-    def load_cursor(self, agent: str) -> Cursor:
-        with self.place.changed:
-            saved = self._team().cursors.get(
-                agent, Cursor(self._inbox(agent.partition("@")[0]).base)
-            )
-            return Cursor(saved.floor, set(saved.acked))
-
-    def save_cursor(self, agent: str, cursor: Cursor) -> None:
-        with self.place.changed:
-            self._team().cursors[agent] = Cursor(cursor.floor, set(cursor.acked))
-
     def claim(self, agent: str) -> None:
         self._inbox(agent)  # one process holds the whole place: the claim is its own
 
     def release(self, agent: str) -> None:
         pass
-
-    def dead_letter(self, agent: str, offset: int, line: bytes, reason: str) -> None:
-        record = {"ts": format_ts(time.time_ns() // 1000), "inbox": agent, "offset": offset,
-                  "reason": reason, "line": line.decode("utf-8", "backslashreplace")}  # fmt: skip
-        with self.place.changed:
-            self._team().dead.setdefault(agent, []).append(record)
-
-    def dead_letters(self, agent: str) -> list[dict[str, Any]]:
-        with self.place.changed:
-            return list(self._team().dead.get(agent, []))
 
     def compact(
         self,
@@ -277,14 +235,7 @@ class MemoryStore:
     ) -> Compaction:
         with self.place.changed:
             inbox = self._inbox(agent)
-            cursors = self._team().cursors
-            readers = (
-                [agent]
-                if not agent.startswith("#")
-                else [key for key in cursors if key.startswith(f"{agent}@")]
-            )
-            floor = min((cursors.get(r, Cursor(inbox.base)).floor for r in readers),
-                        default=inbox.base)  # fmt: skip
+            floor = self.least_floor(agent)
             cut = floor - inbox.base
             if cut < max(min_bytes, 1):
                 return Compaction(agent, 0, len(inbox.data), inbox.base)
@@ -303,13 +254,6 @@ class MemoryStore:
             inbox.base = floor
             return Compaction(agent, cut, len(inbox.data), inbox.base, dropped)
 
-    def collect(
-        self, logs: list[str], min_bytes: int, drop_before: str | None, timeout: float
-    ) -> tuple[tuple[Compaction, ...], tuple[Path, ...]]:
-        """gc: each log compacted; this backend keeps no temp files to remove."""
-        compactions = tuple(self.compact(log, min_bytes, drop_before=drop_before) for log in logs)
-        return compactions, ()
-
     def collectable(self, agent: str, floor: int) -> int:
         with self.place.changed:
             return floor - self._inbox(agent).base
@@ -323,21 +267,6 @@ class MemoryStore:
             if key in inboxes:
                 raise FileExistsError(key)
             inboxes[key] = _Inbox()
-
-    def drop_cursor(self, key: str) -> None:
-        with self.place.changed:
-            self._team().cursors.pop(key, None)
-
-    def log_append(self, name: str, record: bytes) -> None:
-        check_key(name, "log name")
-        with self.place.changed:
-            self._team().logs.setdefault(name, bytearray()).extend(record)
-            self.place.changed.notify_all()
-
-    def log_read(self, name: str) -> bytes:
-        check_key(name, "log name")
-        with self.place.changed:
-            return bytes(self._team().logs.get(name, b""))
 
     def load_state(self, key: str) -> bytes | None:
         check_key(key, "state key")
@@ -363,6 +292,7 @@ class MemoryStore:
             return (team.saves[key],) if key in team.state else None
 
     def state_where(self, key: str) -> str:
+        # Not `Records`' default: the place is named, so nobody looks for it on disk.
         return f"state {check_key(key, 'state key')!r} of memory team {self.team!r}"
 
     def take(self, key: str, limit: int, window: float) -> float:
@@ -394,11 +324,8 @@ class _Waiter:
         team = self._store.place.teams.get(self._store.team)
         if team is None:
             return ()
-        return tuple(
-            len(team.logs.get(key[4:], b"")) if key.startswith("log:")
-            else team.inboxes[key].version if key in team.inboxes else -1
-            for key in self._agents
-        )  # fmt: skip
+        inboxes = team.inboxes
+        return tuple(inboxes[key].version if key in inboxes else -1 for key in self._agents)
 
     def wait(self, timeout: float, stop: StopEvent | None = None) -> bool:
         deadline = time.monotonic() + timeout

@@ -1,0 +1,212 @@
+"""Records: cursors, presence, dead letters, indexes and team logs, written once over the
+storage primitives (`ralph_mail.store.base.Primitives`).
+
+A backend inherits `Records`, implements the primitives, and has every record method of
+`TeamStore`, as huey's storage backends inherit `BaseStorage`'s helpers. It overrides one
+only to do it faster: the file and NATS backends keep their own, in their own formats;
+the memory backend uses these.
+
+What a backend built on these defaults keeps:
+
+- Cursors are state. ``cursor.AGENT`` holds the owner's cursor of inbox AGENT as
+  ``{"floor": N, "acked": [N, ...]}`` (JSON; saved empty when dropped: the key/value has
+  no delete). ``cursors.NAME`` holds the cursors of channel ``#NAME``'s members as one
+  map ``{"MEMBER": cursor, ...}``, changed with `update_state`: members saving at once
+  never lose each other's cursor, and compaction reads them all in one load.
+- Presence is state ``presence.AGENT``: the record as given.
+- Record logs are logs, made by the first record that needs one (`create_log`) and named
+  with a colon, which no agent's or channel's name has: ``log:NAME`` a team log (the name
+  a waiter is given for it), ``dead:AGENT`` the dead letters of an inbox or a channel,
+  ``index:KEY`` an index. Each line is ``TS PAYLOAD``: the ts `append` stamps, a space,
+  then a team log's record, a dead letter as a JSON object, or an index entry as the JSON
+  array ``[agent, offset, length]``. A backend's search and gc leave them out
+  (`is_record_log`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from ralph_mail.store.base import Cursor, check_key
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from ralph_mail.store.base import Compaction, Primitives
+
+
+def is_record_log(name: str) -> bool:
+    """Whether log ``name`` holds records (a team log, dead letters, an index), not mail."""
+    return ":" in name
+
+
+class Records:
+    """The record methods of `TeamStore`, over the primitives (see the module docstring).
+
+    Each method is typed on `Primitives`: a subclass provides them, nothing else.
+    """
+
+    def load_cursor(self: Primitives, agent: str) -> Cursor:
+        """The owner's persisted cursor (the inbox start when it never committed);
+        ``#NAME@MEMBER``: a member's cursor in channel NAME's log."""
+        log, member = _reader(agent)
+        if member is None:
+            saved = _cursor(self.load_state(f"cursor.{agent}"))
+        else:
+            saved = _members(self.load_state(_members_key(log))).get(member)
+        return saved if saved is not None else Cursor(_start(self, log))
+
+    def save_cursor(self: Primitives, agent: str, cursor: Cursor) -> None:
+        """Persist ``cursor``: afterwards a crash leaves the old cursor or this one."""
+        record = {"floor": cursor.floor, "acked": sorted(cursor.acked)}
+        log, member = _reader(agent)
+        if member is None:
+            self.save_state(f"cursor.{agent}", orjson.dumps(record))
+        else:
+            self.update_state(_members_key(log), lambda raw: _with(raw, member, record))
+
+    def drop_cursor(self: Primitives, key: str) -> None:
+        """Forget cursor ``key`` (a member leaving a channel); nothing when there is none."""
+        log, member = _reader(key)
+        if member is None:
+            if self.load_state(f"cursor.{key}"):
+                self.save_state(f"cursor.{key}", b"")
+        elif member in _members(self.load_state(_members_key(log))):
+            self.update_state(_members_key(log), lambda raw: _with(raw, member, None))
+
+    def least_floor(self: Primitives, log: str) -> int:
+        """The least floor of ``log``'s readers (its owner, or a channel's members), or the
+        log's start when none has a cursor: what a compaction may drop below."""
+        if log.startswith("#"):
+            floors = [c.floor for c in _members(self.load_state(_members_key(log))).values()]
+        else:
+            saved = _cursor(self.load_state(f"cursor.{log}"))
+            floors = [saved.floor] if saved is not None else []
+        return min(floors, default=_start(self, log))
+
+    def save_presence(self: Primitives, agent: str, record: bytes) -> None:
+        """Keep ``record`` as ``agent``'s presence (cheap: called about once a second)."""
+        self.save_state(f"presence.{agent}", record)
+
+    def load_presence(self: Primitives, agent: str) -> bytes | None:
+        """The last presence record of ``agent``, or None."""
+        return self.load_state(f"presence.{agent}")
+
+    def dead_letter(self: Primitives, agent: str, offset: int, line: bytes, reason: str) -> None:
+        """Record a line of ``agent``'s inbox that was set aside, and why."""
+        record = {"inbox": agent, "offset": offset, "reason": reason,
+                  "line": line.decode("utf-8", "backslashreplace")}  # fmt: skip
+        _put(self, f"dead:{agent}", orjson.dumps(record))
+
+    def dead_letters(self: Primitives, agent: str) -> list[dict[str, Any]]:
+        """Every dead letter recorded for ``agent``'s inbox, oldest first (its ts first)."""
+        lines = _lines(self, f"dead:{agent}")
+        return [{"ts": ts, **orjson.loads(payload)} for ts, payload in lines]
+
+    def index_add(self: Primitives, key: str, agent: str, offset: int, length: int) -> None:
+        """Note that the line at ``offset`` (``length`` bytes) of ``agent``'s inbox belongs
+        to index ``key`` (a conversation between two agents, a thread)."""
+        _put(self, f"index:{key}", orjson.dumps([agent, offset, length]))
+
+    def index_tail(self: Primitives, key: str, count: int) -> list[tuple[str, int, int]]:
+        """The last ``count`` entries of index ``key``, oldest first, as
+        ``(agent, offset, length)``: O(count), as `read_tail` is."""
+        if count <= 0:
+            return []
+        _make(self, f"index:{key}")
+        lines, _ = self.read_tail(f"index:{key}", count)
+        entries = (orjson.loads(line.partition(b" ")[2]) for line in lines)
+        return [(agent, offset, length) for agent, offset, length in entries]
+
+    def log_append(self: Primitives, name: str, record: bytes) -> None:
+        """Append one record (a line, newline included) to the team log ``name`` (the
+        task log): whole, in order, from any number of processes."""
+        _put(self, f"log:{check_key(name, 'log name')}", record.removesuffix(b"\n"))
+
+    def log_read(self: Primitives, name: str) -> bytes:
+        """The team log ``name``: its whole lines (a record cut short is left out)."""
+        lines = _lines(self, f"log:{check_key(name, 'log name')}")
+        return b"".join(payload + b"\n" for _, payload in lines)
+
+    def collect(
+        self: Primitives, logs: list[str], min_bytes: int, drop_before: str | None, timeout: float
+    ) -> tuple[tuple[Compaction, ...], tuple[Path, ...]]:
+        """gc: `compact` each of ``logs``, one after the other; a backend with housekeeping
+        of its own (runs to serialise, temp files to remove) does it here."""
+        compactions = tuple(self.compact(log, min_bytes, drop_before=drop_before) for log in logs)
+        return compactions, ()
+
+    def state_where(self: Primitives, key: str) -> str:
+        """Where ``key`` is kept, for a person fixing it by hand."""
+        return f"state {check_key(key, 'state key')!r} of team {self.team!r}"
+
+
+def _reader(key: str) -> tuple[str, str | None]:
+    """A cursor's key as its log and, in a channel (``#NAME@MEMBER``), the member."""
+    log, _, member = key.partition("@")
+    return (log, member) if log.startswith("#") and member else (key, None)
+
+
+def _members_key(channel: str) -> str:
+    return f"cursors.{channel.removeprefix('#')}"
+
+
+def _cursor(raw: bytes | None) -> Cursor | None:
+    if not raw:
+        return None
+    record = orjson.loads(raw)
+    return Cursor(record["floor"], set(record["acked"]))
+
+
+def _members(raw: bytes | None) -> dict[str, Cursor]:
+    found = orjson.loads(raw) if raw else {}
+    return {member: Cursor(c["floor"], set(c["acked"])) for member, c in found.items()}
+
+
+def _with(raw: bytes | None, member: str, record: dict[str, Any] | None) -> bytes:
+    """A channel's cursor map with ``member``'s cursor replaced (None: removed)."""
+    found: dict[str, Any] = orjson.loads(raw) if raw else {}
+    if record is None:
+        found.pop(member, None)
+    else:
+        found[member] = record
+    return orjson.dumps(found)
+
+
+def _start(store: Primitives, log: str) -> int:
+    """The first offset ``log`` still keeps: its end less what a compaction could drop."""
+    end = store.size(log)
+    return end - store.collectable(log, end)
+
+
+def _make(store: Primitives, log: str) -> None:
+    """Make record log ``log`` unless it exists (the first record made it, or another
+    process did at the same time)."""
+    with suppress(FileExistsError):
+        store.create_log(log)
+
+
+def _put(store: Primitives, log: str, payload: bytes) -> None:
+    _make(store, log)
+    store.append(log, b"", b" " + payload + b"\n")
+
+
+def _lines(store: Primitives, log: str) -> Iterator[tuple[str, bytes]]:
+    """Each line of record log ``log`` from its start, as its ts and its payload."""
+    _make(store, log)
+    offset = 0
+    while True:
+        data, offset = store.read(log, offset, skip_collected=True)
+        if not data:
+            return
+        for line in data.splitlines():
+            ts, _, payload = line.partition(b" ")
+            yield ts.decode(), payload
+        offset += len(data)
+
+
+__all__ = ["Records", "is_record_log"]
