@@ -73,9 +73,10 @@ def test_status_update_sets_the_agents_progress(team: Team) -> None:
 
 
 def test_status_without_state_is_answered_with_an_error(team: Team) -> None:
-    """A status update lacking metadata.state gets an error text naming the fix, not a crash."""
+    """A status update lacking metadata.state gets an error text naming the fix, not a crash
+    (written as another program would: the Gate refuses to send it)."""
     worker = MessageBus("demo", "worker-1")
-    bad = worker.send("lead", MessageType.STATUS_UPDATE, "hello")
+    bad = worker._deliver(worker.envelope("lead", MessageType.STATUS_UPDATE, "hello", None))
     worker.send("lead", MessageType.STATUS_UPDATE, "ok", {"state": "idle"})
     events: list[Event] = []
     with lead_of(events) as orch:
@@ -501,7 +502,9 @@ def test_malformed_shutdown_response_is_answered_and_not_counted(team: Team) -> 
 
     def answer_badly(event: Event) -> None:
         if event.kind == EventKind.SHUTDOWN_REQUESTED:
-            worker.send("lead", "shutdown_response", "sure", reply_to=event.message.id)  # type: ignore[union-attr]
+            request = event.message.id  # type: ignore[union-attr]
+            # Written as another program would: the Gate refuses to send it.
+            worker._deliver(worker.envelope("lead", "shutdown_response", "sure", None, request))
 
     with lead_of(on_event=answer_badly) as orch:
         report = orch.request_shutdown(["worker-1"], timeout=0.3)

@@ -314,7 +314,8 @@ def test_lead_prints_one_plain_line_per_event_and_answers_malformed_status(
     """Piped, lead prints a line per event; a status without state gets an error reply."""
     lead = children.ralph(team.home, "lead", "--team", "demo")
     worker = MessageBus("demo", "worker-1")
-    bad = worker.send("lead", MessageType.STATUS_UPDATE, "no state here")
+    # Written as another program would: the Gate refuses to send it.
+    bad = worker._deliver(worker.envelope("lead", MessageType.STATUS_UPDATE, "no state here", None))
     worker.send("lead", MessageType.STATUS_UPDATE, "parsing", {"state": "working", "task": "T-1"})
     assert "worker-1 error status_update" in lead.expect("no metadata.state")
     assert lead.expect("worker-1 status").endswith("working T-1 parsing")
