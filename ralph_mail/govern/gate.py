@@ -77,7 +77,6 @@ class Gate:
 
             check_rate(default_rate)
         self.default_rate = default_rate
-
         self._policy: tuple[tuple[int, ...] | None, Policy | str] = (None, _NO_POLICY)
         # What the policy decided for (recipient, check, protocol), for this policy and roster.
         self._decisions: dict[tuple[str, str, bool], Decision] = {}
@@ -191,9 +190,9 @@ class Gate:
             )
 
     def _answers(self, envelope: dict[str, object], in_thread: list[Message] | None) -> str:
-        """ "answer" when ``envelope`` answers something its sender received (never held),
-        "reply" for a reply to a message received (held only in strict mode), "" when
-        it answers nothing: contact."""
+        """What ``envelope`` is: "answer" when it answers something its sender received
+        (never held), "reply" for a reply to a message received (held only in strict
+        mode), "" when it answers nothing (contact)."""
         kind = envelope["type"]
         answered = envelope.get("reply_to")
         if not isinstance(answered, str) or kind not in _ANSWER_TYPES:
