@@ -26,7 +26,7 @@ from protocol_helpers import (  # noqa: F401
 
 from ralph_mail import Message, MessageBus, MessageType, Team
 from ralph_mail.cli import main
-from ralph_mail.cli.protocol import prompt_reviewer
+from ralph_mail.cli.lead import prompt_reviewer
 from ralph_mail.orchestrator import Plan
 
 
@@ -473,7 +473,7 @@ def test_the_live_table_fits_80_columns_with_every_column(team: Team) -> None:
     events print above it, where they stay."""
     from rich.console import Console
 
-    from ralph_mail.cli import protocol as cli_protocol
+    from ralph_mail.cli import lead as cli_lead
     from ralph_mail.orchestrator import AgentProgress, TeamOrchestrator
 
     orch = TeamOrchestrator("demo")
@@ -483,7 +483,7 @@ def test_the_live_table_fits_80_columns_with_every_column(team: Team) -> None:
             "rejected", "requested",
         )  # fmt: skip
     console = Console(width=80, record=True, force_terminal=True)
-    console.print(cli_protocol._render(orch, deque()))
+    console.print(cli_lead._render(orch, deque()))
     text = console.export_text()
     header = next(line for line in text.splitlines() if "agent" in line)
     assert all(name in header for name in ("state", "task", "progress", "plan", "last", "seen"))

@@ -1,8 +1,8 @@
 """The root command, the options every command shares, and `run`.
 
-Commands live in modules by concern (`mail`, `protocol`, `maintenance`) and register
-themselves on `app` when imported; `run` imports them all (each is cheap to import:
-what a command needs, it imports when it runs).
+Commands live in modules by concern (`mail`, `protocol`, `lead`, `maintenance`) and
+register themselves on `app` when imported; `run` imports them all (each is cheap to
+import: what a command needs, it imports when it runs).
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ def full_app() -> Group:
         conversation,
         faces,
         governance,
+        lead,
         mail,
         maintenance,
         protocol,

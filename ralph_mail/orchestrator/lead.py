@@ -16,9 +16,8 @@ change nothing outside the lead, and a flood of status updates then costs no fsy
   (`protocols.derived_id`), and the first message handled after a start looks for that id
   in the recipient's inbox before sending, so the reply is not sent twice.
 
-The state file (``<team>/orchestrator/<lead>.json``, beside ``mailbox/``) holds the
-recently handled ids and the agents' progress, and is replaced atomically (temp file,
-fsync, rename) through the store's helpers.
+The lead's state (`ralph_mail.orchestrator.state`) holds the recently handled ids, the
+replies sent and the agents' progress, and the store replaces it atomically.
 
 Example:
     >>> orch = TeamOrchestrator("demo", review_plan=lambda p: (True, "go ahead"))  # doctest: +SKIP
@@ -34,255 +33,36 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field, replace
-from enum import StrEnum
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from types import TracebackType
-from typing import Any
-
-import orjson
 
 from ralph_mail import protocols
 from ralph_mail.bus import MessageBus
-from ralph_mail.children import communicate, end, spawn
-from ralph_mail.errors import InvalidMessage, MailError, ProtocolError, StoreError
+from ralph_mail.errors import InvalidMessage, MailError, ProtocolError
 from ralph_mail.message import Message, MessageType, check_name, format_ts, parse_ts
+from ralph_mail.orchestrator.records import (
+    AgentProgress,
+    Event,
+    EventKind,
+    Handler,
+    Plan,
+    PlanReviewer,
+    ShutdownReport,
+)
+from ralph_mail.orchestrator.review import approve_all
+from ralph_mail.orchestrator.shutdown import ShutdownRound
+from ralph_mail.orchestrator.state import load_state, save_state, state_key
 from ralph_mail.settings import (
     ACK_CHECK_S,
     ACK_OVERDUE_S,
     HANDLED_IDS_KEPT,
-    PLAN_REVIEW_TIMEOUT_S,
     SHUTDOWN_RETRY_S,
     SHUTDOWN_TIMEOUT_S,
 )
-from ralph_mail.store.base import StopEvent, TeamStore
+from ralph_mail.store.base import StopEvent
 from ralph_mail.talk import tasks
 from ralph_mail.team import load_team
-
-_STATE_VERSION = 2
-#: The most of a review command's stdout (and stderr) kept for its feedback (bytes).
-_REVIEW_OUTPUT_BYTES = 64 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """A plan submitted to the lead, as a review policy sees it.
-
-    Attributes:
-        agent: who submitted it.
-        text: the plan (the message's content).
-        task: the task it is for (``metadata.task``), or None.
-        message: the plan_submission message itself.
-    """
-
-    agent: str
-    text: str
-    task: str | None
-    message: Message
-
-    @property
-    def content(self) -> str:
-        """The plan, as the message it wraps calls it (the same as `text`)."""
-        return self.text
-
-
-#: A review policy: approve (True) or reject (False), with optional feedback for the agent.
-PlanReviewer = Callable[[Plan], bool | tuple[bool, str]]
-#: A handler of one message type; it may call `TeamOrchestrator.reply`.
-Handler = Callable[[Message], None]
-
-
-@dataclass(frozen=True, slots=True)
-class AgentProgress:
-    """What the lead knows about one teammate.
-
-    Attributes:
-        agent: the teammate's name.
-        state: the last reported state (`protocols.STATES`), or "unknown" before any.
-        task: the task it works on (reported, else the last one assigned), or "".
-        progress: the last reported fraction from 0 to 1, or None.
-        text: the last thing it said (status text, plan, text message).
-        last_seen: ts of its last message, or "".
-        plan: the fate of its last plan: "", "approved" or "rejected".
-        shutdown: "", "requested", "deferred", "accepted", "refused" or "no answer".
-    """
-
-    agent: str
-    state: str = "unknown"
-    task: str = ""
-    progress: float | None = None
-    text: str = ""
-    last_seen: str = ""
-    plan: str = ""
-    shutdown: str = ""
-
-
-class EventKind(StrEnum):
-    """What happened, for a display or a log (see `Event`)."""
-
-    STATUS = "status"
-    PLAN_APPROVED = "plan_approved"
-    PLAN_REJECTED = "plan_rejected"
-    ASSIGNED = "assigned"
-    TEXT = "text"
-    SHUTDOWN_REQUESTED = "shutdown_requested"
-    SHUTDOWN_ACCEPTED = "shutdown_accepted"
-    SHUTDOWN_DEFERRED = "shutdown_deferred"
-    SHUTDOWN_REFUSED = "shutdown_refused"
-    SHUTDOWN_NO_ANSWER = "shutdown_no_answer"
-    TASK_COMPLETED = "task_completed"
-    TASK_FAILED = "task_failed"
-    ACK_OVERDUE = "ack_overdue"
-    ERROR = "error"
-    IGNORED = "ignored"
-    DUPLICATE = "duplicate"
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One thing the lead saw or did, passed to the ``on_event`` callback.
-
-    Attributes:
-        kind: an `EventKind`.
-        agent: the teammate concerned.
-        text: a one-line description.
-        message: the message behind it, if any.
-        time: when it happened (seconds since the epoch).
-
-    Example:
-        >>> str(Event(EventKind.STATUS, "worker-1", "working T-1 50%", time=0.0))
-        'worker-1 status: working T-1 50%'
-    """
-
-    kind: EventKind
-    agent: str
-    text: str
-    message: Message | None = None
-    time: float = field(default_factory=time.time)
-
-    def __str__(self) -> str:
-        return f"{self.agent} {self.kind.value}: {self.text}"
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class ShutdownReport(Mapping[str, bool | None]):
-    """The outcome of `TeamOrchestrator.request_shutdown`: agent -> accepted?
-
-    A mapping from each agent asked to True (accepted), False (refused) or None (no final
-    answer by the deadline, including agents that kept deferring).
-
-    Attributes:
-        answers: the mapping itself.
-        reasons: what each agent said last (or why there is no answer).
-
-    Example:
-        >>> report = ShutdownReport({"w1": True, "w2": None}, {"w2": "no answer"})
-        >>> report["w1"], report.accepted, report.no_answer, report.ok
-        (True, ('w1',), ('w2',), False)
-    """
-
-    answers: Mapping[str, bool | None]
-    reasons: Mapping[str, str] = field(default_factory=dict)
-
-    def __getitem__(self, agent: str) -> bool | None:
-        return self.answers[agent]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.answers)
-
-    def __len__(self) -> int:
-        return len(self.answers)
-
-    @property
-    def accepted(self) -> tuple[str, ...]:
-        """The agents that accepted."""
-        return tuple(agent for agent, answer in self.answers.items() if answer is True)
-
-    @property
-    def refused(self) -> tuple[str, ...]:
-        """The agents that refused."""
-        return tuple(agent for agent, answer in self.answers.items() if answer is False)
-
-    @property
-    def no_answer(self) -> tuple[str, ...]:
-        """The agents with no final answer by the deadline."""
-        return tuple(agent for agent, answer in self.answers.items() if answer is None)
-
-    @property
-    def ok(self) -> bool:
-        """Whether every agent asked accepted."""
-        return all(answer is True for answer in self.answers.values())
-
-
-@dataclass
-class _Ask:
-    """One agent's part of a shutdown round."""
-
-    requests: set[str]
-    answer: bool | None = None
-    reason: str = ""
-    deferred: bool = False
-    next_ask: float | None = None
-
-
-def approve_all(plan: Plan) -> tuple[bool, str]:
-    """The ``auto`` review policy: approve every plan.
-
-    >>> approve_all(Plan("w1", "step 1", None, None))  # type: ignore[arg-type]
-    (True, 'approved')
-    """
-    return True, "approved"
-
-
-def reject_all(plan: Plan) -> tuple[bool, str]:
-    """The ``reject`` review policy: reject every plan (to exercise an agent's revisions)."""
-    return False, "rejected by policy: revise the plan and submit it again"
-
-
-def command_reviewer(command: str, timeout: float = PLAN_REVIEW_TIMEOUT_S) -> PlanReviewer:
-    """The ``cmd:COMMAND`` review policy: a shell command decides.
-
-    The plan is the command's standard input; ``RALPH_PLAN_AGENT``, ``RALPH_PLAN_TASK``
-    and ``RALPH_PLAN_ID`` are in its environment. Exit status 0 approves, anything else
-    rejects; the feedback is its standard output (else its standard error). A command
-    that cannot start, fails or runs longer than ``timeout`` seconds is a rejection whose
-    feedback says why; a command that times out is killed with its whole process group.
-
-    Example:
-        >>> review = command_reviewer("grep -q test && echo 'looks good'")  # doctest: +SKIP
-        >>> TeamOrchestrator("demo", review_plan=review)  # doctest: +SKIP
-    """
-
-    def review(plan: Plan) -> tuple[bool, str]:
-        env = dict(os.environ)
-        env.update(
-            RALPH_PLAN_AGENT=plan.agent,
-            RALPH_PLAN_TASK=plan.task or "",
-            RALPH_PLAN_ID=plan.message.id,
-        )
-        try:
-            # A session of its own, under a keeper: on a timeout, or once it exits, what
-            # it started is killed (a pipeline, a daemon), and a Ctrl-C at the lead's
-            # terminal is the lead's to handle.
-            child = spawn(["/bin/sh", "-c", command], env)
-        except OSError as exc:
-            return False, f"plan review command could not start ({exc.strerror}): {command}"
-        try:
-            # What it printed by the time it exited: a job it left in the background,
-            # holding the pipes, is not waited for.
-            code, out, _, err = communicate(
-                child, plan.text.encode(), timeout, _REVIEW_OUTPUT_BYTES, _REVIEW_OUTPUT_BYTES
-            )
-        finally:
-            end(child)
-        if code is None:
-            return False, f"plan review command timed out after {timeout:g}s: {command}"
-        feedback = out.decode(errors="replace").strip() or err.decode(errors="replace").strip()
-        if code == 0:
-            return True, feedback or "approved"
-        return False, feedback or f"rejected by {command!r} (exit status {code})"
-
-    return review
 
 
 class TeamOrchestrator:
@@ -349,7 +129,7 @@ class TeamOrchestrator:
         self.progress: dict[str, AgentProgress] = {
             name: AgentProgress(name) for name in self.teammates
         }
-        self._state_key = f"orchestrator.{self.agent}"
+        self._state_key = state_key(self.agent)
         self._handled: dict[str, None] = {}  # insertion-ordered set of "sender:id" keys
         # The replies sent: id -> where the recipient's inbox ended, recorded *before* the
         # reply is sent. A lead killed and restarted looks for the id from there on: it
@@ -359,8 +139,7 @@ class TeamOrchestrator:
         self._replies = 0
         self._busy = False
         self._unsaved = False  # handled ids or progress not yet in the state file
-        self._asks: dict[str, _Ask] = {}
-        self._retry_s = SHUTDOWN_RETRY_S
+        self._shutdown: ShutdownRound | None = None  # the round request_shutdown runs
         self.ack_overdue = ack_overdue
         self._overdue: set[str] = set()  # ids already reported as ack_overdue
         self._acks_next = 0.0  # monotonic time of the next look at the pending acks
@@ -591,14 +370,8 @@ class TeamOrchestrator:
         )
         parts = [status.state, task, "" if progress is None else f"{progress:.0%}", message.content]
         self._emit(EventKind.STATUS, agent, " ".join(p for p in parts if p), message)
-        ask = self._asks.get(agent)
-        if (
-            ask is not None
-            and ask.answer is None
-            and ask.deferred
-            and status.state in protocols.AVAILABLE_STATES
-        ):
-            ask.next_ask = time.monotonic()  # it finished what it deferred for: ask now
+        if self._shutdown is not None and status.state in protocols.AVAILABLE_STATES:
+            self._shutdown.available(agent)
 
     def _on_plan(self, message: Message) -> None:
         agent = message.from_agent
@@ -640,9 +413,6 @@ class TeamOrchestrator:
     def _on_shutdown_response(self, message: Message) -> None:
         answer = protocols.parse_shutdown_response(message)
         agent = message.from_agent
-        ask = self._asks.get(agent)
-        if ask is not None and answer.request_id not in ask.requests:
-            ask = None  # an answer to an earlier round's request
         if answer.accepted:
             outcome, kind = "accepted", EventKind.SHUTDOWN_ACCEPTED
         elif answer.deferred:
@@ -652,16 +422,8 @@ class TeamOrchestrator:
         old = self.progress.get(agent, AgentProgress(agent))
         self.progress[agent] = replace(old, shutdown=outcome, last_seen=message.ts)
         self._emit(kind, agent, answer.reason or outcome, message)
-        if ask is None or ask.answer is not None:
-            return
-        ask.reason = answer.reason
-        if answer.accepted:
-            ask.answer = True
-        elif answer.deferred:
-            ask.deferred = True
-            ask.next_ask = time.monotonic() + self._retry_s
-        else:
-            ask.answer = False
+        if self._shutdown is not None:
+            self._shutdown.answer(agent, answer)
 
     def _on_task_result(self, message: Message) -> None:
         task = message.metadata.get(protocols.TASK_ID, "?")
@@ -733,49 +495,35 @@ class TeamOrchestrator:
         if not targets:
             return ShutdownReport({}, {})
         deadline = time.monotonic() + timeout
-        self._retry_s = retry_interval
-        self._asks = {agent: _Ask(set()) for agent in targets}
+        shutdown = self._shutdown = ShutdownRound(targets, retry_interval)
         try:
             for agent in targets:
-                self._ask(agent, reason)
-
-            def answered() -> bool:
-                return all(ask.answer is not None for ask in self._asks.values())
+                self._ask(shutdown, agent, reason)
 
             def tick() -> float | None:
-                return self._reask_due(reason)
+                return self._reask_due(shutdown, reason)
 
             if only_responses:
-                self._collect_responses(answered, deadline, stop, tick)
+                self._collect_responses(shutdown.answered, deadline, stop, tick)
             else:
-                self._serve(answered, deadline, stop, tick)
-            return self._report()
+                self._serve(shutdown.answered, deadline, stop, tick)
+            return self._report(shutdown)
         finally:
-            self._asks = {}
-            self._retry_s = SHUTDOWN_RETRY_S
+            self._shutdown = None
 
-    def _ask(self, agent: str, reason: str) -> None:
+    def _ask(self, shutdown: ShutdownRound, agent: str, reason: str) -> None:
         request = self.bus.send(agent, MessageType.SHUTDOWN_REQUEST, reason)
-        ask = self._asks[agent]
-        ask.requests.add(request.id)
-        ask.next_ask = None
+        again = " again" if shutdown.asked(agent, request.id) else ""
         old = self.progress.get(agent, AgentProgress(agent))
         if old.shutdown != "deferred":
             self.progress[agent] = replace(old, shutdown="requested")
-        again = " again" if len(ask.requests) > 1 else ""
         self._emit(EventKind.SHUTDOWN_REQUESTED, agent, f"asked{again}: {reason}", request)
 
-    def _reask_due(self, reason: str) -> float | None:
+    def _reask_due(self, shutdown: ShutdownRound, reason: str) -> float | None:
         """Ask again every deferring agent whose turn has come; return the next turn."""
-        now = time.monotonic()
-        following: float | None = None
-        for agent, ask in self._asks.items():
-            if ask.answer is not None or ask.next_ask is None:
-                continue
-            if ask.next_ask <= now:
-                self._ask(agent, reason)
-                continue
-            following = ask.next_ask if following is None else min(following, ask.next_ask)
+        ready, following = shutdown.due(time.monotonic())
+        for agent in ready:
+            self._ask(shutdown, agent, reason)
         return following
 
     def _collect_responses(
@@ -801,24 +549,14 @@ class TeamOrchestrator:
             if message is not None:
                 self._handle(message)
 
-    def _report(self) -> ShutdownReport:
-        answers: dict[str, bool | None] = {}
-        reasons: dict[str, str] = {}
-        for agent, ask in self._asks.items():
-            answers[agent] = ask.answer
-            if ask.answer is None:
-                reasons[agent] = (
-                    f"still deferring at the deadline: {ask.reason}"
-                    if ask.deferred
-                    else "no answer by the deadline"
-                )
-                old = self.progress.get(agent, AgentProgress(agent))
-                self.progress[agent] = replace(old, shutdown="no answer")
-                self._emit(EventKind.SHUTDOWN_NO_ANSWER, agent, reasons[agent])
-            else:
-                reasons[agent] = ask.reason
+    def _report(self, shutdown: ShutdownRound) -> ShutdownReport:
+        report = shutdown.report()
+        for agent in report.no_answer:
+            old = self.progress.get(agent, AgentProgress(agent))
+            self.progress[agent] = replace(old, shutdown="no answer")
+            self._emit(EventKind.SHUTDOWN_NO_ANSWER, agent, report.reasons[agent])
         self._save_state()
-        return ShutdownReport(answers, reasons)
+        return report
 
     # -- events and state -----------------------------------------------------------------
 
@@ -839,37 +577,19 @@ class TeamOrchestrator:
 
     def _save_state(self) -> None:
         self._unsaved = False
-        state = {
-            "version": _STATE_VERSION,
-            "handled": list(self._handled),
-            "sent": [[reply_id, since] for reply_id, since in self._sent.items()],
-            "progress": {name: asdict(item) for name, item in self.progress.items()},
-        }
         try:
-            self.bus.store.save_state(self._state_key, orjson.dumps(state))
+            save_state(self.bus.store, self._state_key, self._handled, self._sent, self.progress)
         except MailError as exc:
             # Losing the record costs at most a duplicate answer after a restart; stopping
             # the lead would cost the whole team, so say it and go on.
             self._emit(EventKind.ERROR, self.agent, f"cannot save the lead's state: {exc}")
 
     def _load_state(self) -> None:
-        raw = self.bus.store.load_state(self._state_key)
-        if raw is None:
-            return
-        try:
-            state: Any = orjson.loads(raw)
-            handled = [str(key) for key in state["handled"]]
-            sent = [(str(item[0]), int(item[1])) for item in state.get("sent", [])]
-            progress = {name: AgentProgress(**item) for name, item in state["progress"].items()}
-        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as exc:
-            raise StoreError(
-                f"the lead's state {self._state_key!r} is damaged ({exc}): delete "
-                f"state/{self._state_key}.json in the team to start afresh (messages still "
-                "unread will be answered again)"
-            ) from None
-        self._handled = dict.fromkeys(handled[-HANDLED_IDS_KEPT:])
-        self._sent = dict(sent[-HANDLED_IDS_KEPT:])
-        self.progress.update(progress)
+        saved = load_state(self.bus.store, self._state_key)
+        if saved is not None:
+            self._handled = saved.handled
+            self._sent = saved.sent
+            self.progress.update(saved.progress)
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -892,14 +612,3 @@ class TeamOrchestrator:
 
     def __repr__(self) -> str:
         return f"TeamOrchestrator(team={self.bus.team.name!r}, agent={self.agent!r})"
-
-
-def saved_progress(store: TeamStore, lead: str) -> dict[str, AgentProgress]:
-    """What the lead ``lead`` last saved about each teammate (empty when it never ran or
-    its state is unreadable): for views that only look, such as ``ralph-mail top``."""
-    raw = store.load_state(f"orchestrator.{lead}")
-    try:
-        state: Any = orjson.loads(raw) if raw else {}
-        return {name: AgentProgress(**item) for name, item in state.get("progress", {}).items()}
-    except (orjson.JSONDecodeError, TypeError, AttributeError, ValueError):
-        return {}
