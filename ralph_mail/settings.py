@@ -119,7 +119,7 @@ def _env_count(name: str, default: int) -> int:
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
         from ralph_mail.errors import MailError
 
         raise MailError(f"invalid {name}={raw!r}: give a whole number of bytes, or unset it")
@@ -159,7 +159,7 @@ def team_setting(key: str, config: dict[str, str] | None = None) -> int:
     ):
         if raw is None or raw == "":
             continue
-        if not raw.strip().isdigit():
+        if not (raw.strip().isascii() and raw.strip().isdigit()) or len(raw.strip()) > 12:
             from ralph_mail.errors import MailError
 
             raise MailError(f"invalid {source} {raw!r}: give a whole number >= 0")

@@ -245,7 +245,7 @@ def change_roster(
         if key not in settings.TEAM_DEFAULTS:
             known = ", ".join(settings.TEAM_DEFAULTS)
             raise InvalidName(f"unknown team setting {key!r}: use one of {known}")
-        if not str(value).isdigit():
+        if not (str(value).isascii() and str(value).isdigit()) or len(str(value)) > 12:
             raise InvalidName(f"invalid {key} {value!r}: give a whole number >= 0")
 
     def change(raw: bytes) -> bytes:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ralph
+from conftest import BOUND_S, cli_env, ralph
 from faultkit import record, tree
 
 from ralph_mail import MailError, MessageBus, StoreError, Team, create_team
@@ -317,4 +319,16 @@ def test_absurd_numbers_and_times_are_one_line_naming_the_option(
     lines = done.stderr.decode().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ralph-mail: error:"), lines
     assert fragment in done.stderr and len(lines[0]) < 300, lines
+    assert snapshot(tmp_path) == before
+
+
+def test_an_argument_that_is_not_utf8_is_one_line_exit_2(team: Team, tmp_path: Path) -> None:
+    """A raw byte that is not UTF-8 in an argument: exit 2, one line, nothing written."""
+    before = snapshot(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "ralph_mail", "team", "create", "t9", "--member", b"a\x9bb"],
+        capture_output=True, env=cli_env(team.home), timeout=BOUND_S,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stderr.count(b"\n") == 1, done.stderr
+    assert b"not UTF-8" in done.stderr and b"Traceback" not in done.stderr
     assert snapshot(tmp_path) == before

@@ -94,6 +94,11 @@ def run(args: Sequence[str]) -> int:
 
         print(f"ralph-mail {version('ralph_mail')}")
         return 0
+    for arg in args:  # bytes that are not UTF-8 reach Python as lone surrogates
+        if any("\udc80" <= char <= "\udcff" for char in arg):
+            shown = arg.encode("utf-8", "surrogateescape")[:40]
+            error_line(f"argument {shown!r} is not UTF-8: pass names and text as UTF-8")
+            return EXIT_USAGE
     try:
         return run_command(full_app(), _backend_option(list(args)))
     except UsageError as exc:

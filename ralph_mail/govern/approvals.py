@@ -63,9 +63,10 @@ class Held:
         return str(self.envelope["from"])
 
     def to_dict(self) -> dict[str, Any]:
-        """As ``ralph-mail approvals --json`` prints it: the envelope, as it will be
-        delivered, and the approval's fields."""
-        return {"envelope": self.envelope, "approver": self.approver, "reason": self.reason,
+        """As ``ralph-mail approvals --json`` prints it (DESIGN §9.3): the envelope's own
+        keys at the top level, as it will be delivered, plus ``approver``, ``reason`` and
+        ``held_at``."""
+        return {**self.envelope, "approver": self.approver, "reason": self.reason,
                 "held_at": self.held_at}  # fmt: skip
 
 

@@ -230,7 +230,25 @@ _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 def parse_since(value: str | datetime) -> str:
     """A ts for ``value``: a datetime, an ISO-8601 time (UTC unless it says), or how
-    long ago (``90s``, ``15m``, ``2h``, ``7d``)."""
+    long ago (``90s``, ``15m``, ``2h``, ``7d``); a time outside the years 1000 to 9999
+    is an `InvalidMessage` naming it."""
+    try:
+        stamp = _since(value)
+    except (OverflowError, OSError, ValueError):  # beyond what the C time functions take
+        stamp = ""
+    if not _TS.fullmatch(stamp):
+        shown = value if not isinstance(value, str) or len(value) <= 24 else value[:20] + "..."
+        raise InvalidMessage(
+            f"invalid time {shown!r}: give a time from year 1000 to 9999, e.g. 7d (ago) or "
+            "2026-01-01T00:00Z"
+        )
+    return stamp
+
+
+_TS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
+
+
+def _since(value: str | datetime) -> str:
     from datetime import UTC, datetime
 
     if isinstance(value, str):
