@@ -37,7 +37,8 @@ from ralph_mail import settings
 from ralph_mail.errors import MailError
 from ralph_mail.govern import presence
 from ralph_mail.message import Message, decode_lines
-from ralph_mail.store.base import Query, TeamStore
+from ralph_mail.store.base import TeamStore
+from ralph_mail.store.search import Query
 from ralph_mail.talk.channels import listed
 from ralph_mail.team import Team, load_team, parse_roster
 

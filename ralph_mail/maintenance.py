@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ralph_mail import settings
-from ralph_mail.store import Compaction, Finding, backend
+from ralph_mail.store import Compaction, backend
+from ralph_mail.store.health import Finding
 from ralph_mail.team import load_team
 
 __all__ = ["Collection", "Finding", "Report", "collect", "doctor"]

@@ -372,7 +372,7 @@ def test_purge_drops_archived_lines_older_than_a_time(store: TeamStore) -> None:
 def test_search_finds_words_newest_first_archived_too(store: TeamStore) -> None:
     """search: every word must match, as a word; FTS syntax is plain text; filters; a
     broadcast copied into two inboxes is one result; archived lines are found."""
-    from ralph_mail.store.base import Query
+    from ralph_mail.store.search import Query
 
     store.append("b", *envelope_line("0000000000a1", "a", "b", "Q4 revenue was 2.4M"))
     store.append("b", *envelope_line("0000000000a2", "a", "b", 'a "quoted" AND (op) x*'))

@@ -19,7 +19,7 @@ from ralph_mail.errors import MailError
 from ralph_mail.message import Message, encode
 
 if TYPE_CHECKING:
-    from ralph_mail.talk.tasks import Task
+    pass
 
 
 def _find(who_team: str, who: str, home: str | None, message_id: str) -> Message:
@@ -427,21 +427,9 @@ def tasks_tree(
 
             print_json_lines([task.to_dict() for task in ordered(known)])
             return
-        shown = {key: _escaped(task) for key, task in known.items()}
-        say(draw(shown, lambda text: safe(text, newlines=False)))
+        say(draw(known, lambda text: safe(text, newlines=False)))
 
     command(action)
-
-
-def _escaped(task: Task) -> Task:
-    """``task`` with the fields `draw` shows as they are made safe for the terminal (the
-    description is escaped by `draw` itself)."""
-    from dataclasses import replace
-
-    return replace(task, assignee=safe(task.assignee, newlines=False),
-                   status=safe(task.status, newlines=False),
-                   updated=safe(task.updated, newlines=False),
-                   held_until=safe(task.held_until, newlines=False))  # fmt: skip
 
 
 @app.command("agents")

@@ -50,6 +50,8 @@ def safe(text: str, *, newlines: bool = True) -> str:
     >>> safe("a\x1b[2Jb"), safe("x\ny", newlines=False)
     ('a\\x1b[2Jb', 'x\\ny')
     """
+    if text.isprintable():  # none of them (nor a newline or tab): the common case, fast
+        return text
     text = _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256
                        else f"\\u{ord(m.group()):04x}", text)  # fmt: skip
     if not newlines:

@@ -4,9 +4,9 @@ A policy is a list of rules ``{from, to, permission: allow|deny, approval: bool}
 ``from`` and ``to`` name a member or ``*``, and rates ``{agent or *: messages per minute}``.
 It is kept through the storage seam (state key ``policy``; in the file backend,
 ``state/policy.json`` in the team's folder) and applies to contact an agent starts: a
-send, a broadcast, an ask, a delegation, a mention. Replies, acks, task results and the
-team protocols' messages (status, plans, assignments by the lead, shutdowns, approvals)
-are never refused nor held.
+send, a broadcast, an ask, a delegation, a post and its mentions. The Gate
+(`ralph_mail.govern.gate`) asks it about everything but true answers (a reply, ack,
+result or approval that answers what its sender received).
 
 The decision for ``sender`` contacting ``target`` is OpenCompany's, in this order:
 

@@ -26,28 +26,19 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from ralph_mail.errors import InvalidName
+
+if TYPE_CHECKING:
+    from ralph_mail.store.health import Finding
+    from ralph_mail.store.search import Query
 
 
 class StopEvent(Protocol):
     """Anything with ``is_set()``, such as `threading.Event`: a wait returns when it is set."""
 
     def is_set(self) -> bool: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Query:
-    """What to look for in the audit trail: ``words`` (all of them), and optional filters."""
-
-    words: str = ""
-    sender: str | None = None
-    recipient: str | None = None
-    type: str | None = None
-    thread: str | None = None
-    since: str | None = None  # a ts: messages at or after it
-    limit: int = 20
 
 
 #: The longest key of a team log, a state or a rate: a prefix and a name (``held.NAME``,
@@ -70,37 +61,6 @@ def check_key(key: object, what: str = "key") -> str:
             "starting with a letter or digit"
         )
     return key
-
-
-Level = Literal["ok", "warn", "fail"]
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """One result of a health check (`Backend.doctor`).
-
-    Attributes:
-        level: ``"ok"``, ``"warn"`` (works, but look at it) or ``"fail"`` (a guarantee
-            does not hold).
-        check: what was checked: filesystem, inotify, permissions, team, inbox, cursor,
-            deadletters, lock, temp, server.
-        message: what was found and, when it is not ok, how to fix it.
-        path: the file or directory concerned, if any.
-    """
-
-    level: Level
-    check: str
-    message: str
-    path: Path | None = None
-
-    def to_dict(self) -> dict[str, str | None]:
-        """The finding as a JSON-ready dict."""
-        return {
-            "level": self.level,
-            "check": self.check,
-            "message": self.message,
-            "path": str(self.path) if self.path is not None else None,
-        }
 
 
 @dataclass

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 
 from ralph_mail.errors import StoreError
 from ralph_mail.message import format_ts
-from ralph_mail.store.base import Compaction, Finding, StopEvent, check_key
+from ralph_mail.store.base import Compaction, StopEvent, check_key
 from ralph_mail.store.records import Records, is_record_log
 
 if TYPE_CHECKING:
-    from ralph_mail.store.base import Query
-    from ralph_mail.store.search import SearchIndex
+    from ralph_mail.store.health import Finding
+    from ralph_mail.store.search import Query, SearchIndex
 
 _places: dict[str, MemoryBackend] = {}
 _places_lock = threading.Lock()
@@ -87,6 +87,8 @@ class MemoryBackend:
             self.changed.notify_all()
 
     def doctor(self, team: str | None, lock_wait: float) -> list[Finding]:
+        from ralph_mail.store.health import Finding
+
         found = f"{len(self.team_names())} teams in this process's memory"
         return [Finding("ok", "team", found)]
 

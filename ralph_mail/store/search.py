@@ -21,11 +21,11 @@ import re
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import orjson
 
 from ralph_mail.errors import InvalidMessage
-from ralph_mail.store.base import Query
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -38,6 +38,19 @@ CREATE VIRTUAL TABLE IF NOT EXISTS messages USING fts5(
 CREATE TABLE IF NOT EXISTS progress (inbox TEXT PRIMARY KEY, offset INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS broadcasts (id TEXT PRIMARY KEY);
 """
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """What to look for in the audit trail: ``words`` (all of them), and optional filters."""
+
+    words: str = ""
+    sender: str | None = None
+    recipient: str | None = None
+    type: str | None = None
+    thread: str | None = None
+    since: str | None = None  # a ts: messages at or after it
+    limit: int = 20
 
 
 def match_expression(words: str) -> str:

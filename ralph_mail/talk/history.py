@@ -193,7 +193,7 @@ def search(
     """`MessageBus.search`: the team's audit trail, newest first."""
     from dataclasses import replace
 
-    from ralph_mail.store.base import Query
+    from ralph_mail.store.search import Query
 
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise InvalidMessage(f"invalid limit {limit!r}: give a count >= 1")

@@ -266,17 +266,18 @@ def _walk(
 
 def draw(tasks: dict[str, Task], escape: Callable[[str], str] = str) -> str:
     """The tree as text, a task a line: id and description, assignee, status (and the
-    time it finished). ``escape`` makes the free text safe for the terminal."""
-    rows = [(escape(f"{prefix}{task.id}  {task.description}"), task)
+    time it finished). ``escape`` makes the stored text safe for the terminal."""
+    rows = [(escape(f"{prefix}{task.id}  {task.description}"), escape(task.assignee), task)
             for prefix, task in tree_lines(tasks)]  # fmt: skip
-    heads = max((len(head) for head, _ in rows), default=0)
-    names = max((len(task.assignee) for _, task in rows), default=0)
+    heads = max((len(head) for head, _, _ in rows), default=0)
+    names = max((len(name) for _, name, _ in rows), default=0)
     lines = []
-    for head, task in rows:
+    for head, name, task in rows:
         finished = f"  {task.updated[11:16]}" if task.status in FINISHED else ""
         if task.status == "pending" and task.held_until:
             finished = f"  held until {task.held_until[11:16]} UTC"
-        lines.append(f"{head:<{heads}}  {task.assignee:<{names}}  {task.status}{finished}\n")
+        status = escape(f"{task.status}{finished}")
+        lines.append(f"{head:<{heads}}  {name:<{names}}  {status}\n")
     return "".join(lines)
 
 

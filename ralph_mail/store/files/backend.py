@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import errno
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ralph_mail.store.base import Finding
 from ralph_mail.store.files.layout import (
     create_team_files,
     read_roster,
@@ -22,6 +22,9 @@ from ralph_mail.store.files.layout import (
 from ralph_mail.store.files.maintenance import Maintenance
 from ralph_mail.store.files.posix import store_error
 from ralph_mail.store.files.records import Records
+
+if TYPE_CHECKING:
+    from ralph_mail.store.health import Finding
 
 
 class FileStore(Maintenance, Records):

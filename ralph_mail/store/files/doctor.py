@@ -16,10 +16,10 @@ from typing import Final
 
 from ralph_mail import settings
 from ralph_mail.errors import MailError
-from ralph_mail.store.base import Finding
 from ralph_mail.store.files.backend import FileStore
 from ralph_mail.store.files.layout import teams_dir
 from ralph_mail.store.files.posix import pid_alive, pid_stopped
+from ralph_mail.store.health import Finding
 
 #: Where the mount table is read (a module attribute so tests can point it elsewhere).
 MOUNTINFO = Path("/proc/self/mountinfo")

@@ -28,8 +28,7 @@ from ralph_mail.store.files.team import TeamFiles
 from ralph_mail.store.files.watch import Watcher
 
 if TYPE_CHECKING:
-    from ralph_mail.store.base import Query
-    from ralph_mail.store.search import SearchIndex
+    from ralph_mail.store.search import Query, SearchIndex
 
 #: A cursor's slot: floor, inode of the inbox it belongs to, count, then the offsets
 #: acknowledged above the floor.

@@ -8,7 +8,7 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from ralph_mail.errors import StoreError
-from ralph_mail.store.base import Finding
+from ralph_mail.store.health import Finding
 from ralph_mail.store.nats.names import hexed, prefix_of, stream_of
 from ralph_mail.store.nats.team import NatsStore
 

@@ -36,8 +36,7 @@ from ralph_mail.store.nats.logs import Logs
 from ralph_mail.store.nats.names import kv_key, untoken
 
 if TYPE_CHECKING:
-    from ralph_mail.store.base import Query
-    from ralph_mail.store.search import SearchIndex
+    from ralph_mail.store.search import Query, SearchIndex
 
 
 class NatsStore(Logs):
