@@ -1,17 +1,18 @@
 """The keeper a command runs under on Linux (see `ralph_mail.children`).
 
-Run as ``python -I -S _keeper.py COMMAND [ARG...]``: standard library only, so it starts
-in milliseconds. It makes itself a child subreaper, so every process the command starts
-(a daemon that left its session with ``setsid`` or a double fork included) stays below
-it; passes its three streams on to the command and lets go of them (the parent sees
-end-of-file once the command's tree is gone); waits for the command; then kills and
-reaps what is left of the tree, and exits with the command's status (dying of the same
-signal when it was killed). SIGTERM ends the command and its tree at once.
+Run as ``python -I -S _keeper.py COMMAND [ARG...]``: standard library only, and as little
+of it as will do (contextlib alone would cost 5 ms of every job's start), so it starts in
+about 18 ms, ctypes and signal most of it. It makes itself a child subreaper, so every
+process the command starts (a daemon that left its session with ``setsid`` or a double
+fork included) stays below it; passes its three streams on to the command and lets go of
+them (the parent sees end-of-file once the command's tree is gone); waits for the
+command; then kills and reaps what is left of the tree, and exits with the command's
+status (dying of the same signal when it was killed). SIGTERM ends the command and its
+tree at once.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import signal
@@ -78,8 +79,10 @@ def main(argv: list[str]) -> None:
     while time.monotonic() < give_up:
         left = descendants()
         for pid in left:
-            with contextlib.suppress(OSError):  # gone, or not ours to kill (setuid)
+            try:  # noqa: SIM105 (contextlib: 5 ms more per job)
                 os.kill(pid, signal.SIGKILL)
+            except OSError:  # gone, or not ours to kill (setuid)
+                pass
         reaped = False
         try:
             while True:
