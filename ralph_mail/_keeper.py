@@ -1,8 +1,8 @@
 """The keeper a command runs under on Linux (see `ralph_mail.children`).
 
-Run as ``python -I -S _keeper.py COMMAND [ARG...]``: standard library only, and as little
-of it as will do (contextlib alone would cost 5 ms of every job's start), so it starts in
-about 18 ms, ctypes and signal most of it. It makes itself a child subreaper, so every
+Run as ``python -I -S _keeper.py COMMAND [ARG...]``, or ``--from-fd N`` to be told the
+command later (see `request`): standard library only, and as little of it as will do, so
+it starts in about 18 ms, ctypes and signal most of it. It makes itself a child subreaper, so every
 process the command starts (a daemon that left its session with ``setsid`` or a double
 fork included) stays below it; passes its three streams on to the command and lets go of
 them (the parent sees end-of-file once the command's tree is gone); waits for the
@@ -53,14 +53,35 @@ def descendants() -> list[int]:
     return found
 
 
+def request(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The command and its environment: ``argv`` itself, or with ``--from-fd N`` a JSON
+    request ``{"argv": [...], "env": {...}}`` read from descriptor N to its end. A keeper
+    started that way ahead of its job (`ralph_mail.children`) has all of its own start-up
+    behind it when the job comes; an empty request (its parent went away) ends it."""
+    if argv[:1] != ["--from-fd"]:
+        return argv, dict(os.environ)
+    import json
+
+    control, chunks = int(argv[1]), []
+    while chunk := os.read(control, 1 << 16):
+        chunks.append(chunk)
+    os.close(control)
+    if not chunks:
+        os._exit(0)
+    wanted = json.loads(b"".join(chunks))
+    return [str(arg) for arg in wanted["argv"]], {str(k): str(v) for k, v in wanted["env"].items()}
+
+
 def main(argv: list[str]) -> None:
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    argv, env = request(argv)
     signal.signal(signal.SIGTERM, _stop)
     status: int | None = None
     command = -1
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         try:
-            command = os.posix_spawnp(argv[0], argv, os.environ,
+            command = os.posix_spawnp(argv[0], argv, env,
                                       setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))  # fmt: skip
         except OSError as exc:
             os.write(2, f"cannot run {argv[0]!r}: {exc.strerror or exc}\n".encode())

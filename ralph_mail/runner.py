@@ -39,7 +39,7 @@ from typing import Final
 
 import orjson
 
-from ralph_mail import settings
+from ralph_mail import children, settings
 from ralph_mail.bus import MessageBus
 from ralph_mail.children import communicate, end, spawn
 from ralph_mail.errors import InvalidMessage, MailError, RefusedByRules
@@ -264,6 +264,7 @@ class Runner:
                 for child in list(self._children.values()):
                     end(child)  # the job's whole tree; its answer (the error) goes out
                 self._collect(running, wait_s=self.timeout, every=True)
+                children.close()  # the keeper waiting for a next job there will not be
                 with contextlib.suppress(MailError):
                     presence.went_offline(self.bus.store, self.bus.agent)
 

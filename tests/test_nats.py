@@ -332,3 +332,39 @@ def test_team_log_records_naming_one_message_are_all_kept(home: Path) -> None:
         kept = a.send("b", "text", "may I?")
         assert lead.approve(kept.id).decision is True
         assert [m.id for m in b.poll()] == [kept.id]
+
+
+def test_a_stream_the_server_is_still_removing_is_made_once_it_is_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """JetStream's 'error creating store for stream' (a team deleted and made again at
+    once) is tried again until it passes; any other error, or one that lasts past the
+    bound, is raised."""
+    import asyncio
+
+    from nats.js.errors import ServerError
+
+    from ralph_mail.store.nats import backend
+
+    calls: list[int] = []
+
+    async def busy_twice() -> str:
+        calls.append(1)
+        if len(calls) <= 2:
+            raise ServerError(code=500, err_code=10049, description="error creating store")
+        return "made"
+
+    assert asyncio.run(backend._made(busy_twice)) == "made" and len(calls) == 3
+
+    async def other() -> str:
+        raise ServerError(code=500, err_code=10071, description="wrong last sequence")
+
+    with pytest.raises(ServerError):
+        asyncio.run(backend._made(other))
+    monkeypatch.setattr(backend, "_STORE_BUSY_S", 0.05)
+
+    async def always() -> str:
+        raise ServerError(code=500, err_code=10049, description="error creating store")
+
+    with pytest.raises(ServerError):
+        asyncio.run(backend._made(always))

@@ -5,7 +5,8 @@ created, listed, removed and checked here, over nats-py's connection (`push`).
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from ralph_mail.errors import StoreError
 from ralph_mail.store.health import Finding
@@ -14,6 +15,31 @@ from ralph_mail.store.nats.team import NatsStore
 
 if TYPE_CHECKING:  # push (nats-py, asyncio) is imported when first needed
     from ralph_mail.store.nats.push import Loop
+
+_T = TypeVar("_T")
+#: JetStream's "error creating store for stream": the server has not yet finished removing
+#: a stream of the same name (a team deleted and made again at once). It passes.
+_STORE_BUSY: Final = 10049
+#: How long a stream or bucket is tried again while the server says so (s).
+_STORE_BUSY_S: Final = 3.0
+
+
+async def _made(make: Callable[[], Awaitable[_T]]) -> _T:
+    """``make()`` (a stream or a bucket created), tried again while the server is still
+    removing one of the same name, for up to `_STORE_BUSY_S`."""
+    import asyncio  # here: a one-off command imports neither it nor nats-py
+
+    from nats.js.errors import ServerError
+
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + _STORE_BUSY_S
+    while True:
+        try:
+            return await make()
+        except ServerError as exc:
+            if exc.err_code != _STORE_BUSY or loop.time() >= give_up:
+                raise
+        await asyncio.sleep(0.02)
 
 
 class NatsBackend:
@@ -31,7 +57,7 @@ class NatsBackend:
         link = self._link()
 
         async def bucket() -> Any:
-            return await link.js.create_key_value(bucket="RALPH_TEAMS", history=1)
+            return await _made(lambda: link.js.create_key_value(bucket="RALPH_TEAMS", history=1))
 
         return link.run(bucket())
 
@@ -52,11 +78,11 @@ class NatsBackend:
                     await teams.put(hexed(name), name.encode())
                 else:
                     raise FileExistsError(name) from None
-            await link.js.add_stream(StreamConfig(
-                name=stream, subjects=[f"{prefix_of(name)}.>"], allow_direct=True,
-                storage=StorageType.FILE, duplicate_window=120.0,
-            ))  # fmt: skip
-            kv = await link.js.create_key_value(bucket=stream, history=1)
+            config = StreamConfig(name=stream, subjects=[f"{prefix_of(name)}.>"],
+                                  allow_direct=True, storage=StorageType.FILE,
+                                  duplicate_window=120.0)  # fmt: skip
+            await _made(lambda: link.js.add_stream(config))
+            kv = await _made(lambda: link.js.create_key_value(bucket=stream, history=1))
             await kv.put("roster", roster)
 
         link.run(create())
