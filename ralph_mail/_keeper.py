@@ -98,6 +98,14 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     give_up = time.monotonic() + _CLEANUP_S
     while time.monotonic() < give_up:
+        try:
+            pid, code = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:  # no child: nothing below (an orphan would be one)
+            break
+        if pid:  # one more reaped (the command, if it was stopped): look again
+            if pid == command and status is None:
+                status = code
+            continue
         left = descendants()
         for pid in left:
             try:  # noqa: SIM105 (contextlib: 5 ms more per job)

@@ -8,9 +8,9 @@ stays below it. When the command exits, or the keeper gets SIGTERM (`end`), the 
 kills what is left of that tree, reaps it, and exits with the command's status.
 Elsewhere the command is the child itself, and `end` kills its process group.
 
-A keeper costs a Python start (18 ms), so one is always started ahead of the next job:
-`spawn` hands the command to the keeper waiting for it, and starts the next one, whose
-start-up then runs while the job does. `close` ends the one waiting.
+A keeper costs a Python start (18 ms), so keepers are started ahead of the jobs: `spawn`
+hands the command to a keeper already waiting for it and starts another, which boots
+while the job runs (`prepare` starts them; `close` ends those still waiting).
 
 `communicate` reads what the command prints until it exits; after that, only a short
 bounded drain: a background job that keeps the pipes open never holds the answer up.
@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Final, NamedTuple
@@ -60,48 +61,54 @@ def spawn(argv: Sequence[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         return _start(list(argv), env)
     if any("\0" in text for text in (*argv, *env, *env.values())):
         raise ValueError("embedded null byte")  # as subprocess says it: nothing is run
-    global _waiting
     with _lock:
-        child, control = _waiting or _start_keeper()
-        _waiting = None
+        child, control = _waiting.popleft() if _waiting else _start_keeper()
     try:
         import orjson
 
         os.write(control, orjson.dumps({"argv": list(argv), "env": env}))
     finally:
         os.close(control)  # the keeper reads to the end: this is the end
-    with _lock:
-        if _waiting is None:
-            _waiting = _start_keeper()
+    prepare()  # the next one boots while this job runs
     return child
 
 
+def prepare() -> None:
+    """Have `WAITING` keepers started ahead of the next jobs (Linux; else nothing)."""
+    if KEEPER:
+        with _lock:
+            while len(_waiting) < WAITING:
+                _waiting.append(_start_keeper())
+
+
 def close() -> None:
-    """End the keeper waiting for a job (it exits when it finds no request)."""
-    global _waiting
+    """End the keepers waiting for a job (each exits when it finds no request)."""
     with _lock:
-        waiting, _waiting = _waiting, None
-    if waiting is not None:
-        child, control = waiting
+        waiting = list(_waiting)
+        _waiting.clear()
+    for child, control in waiting:
         os.close(control)
         for stream in (child.stdin, child.stdout, child.stderr):
             _close(stream)
         child.wait()
 
 
-#: The keeper started ahead of the next job, and the descriptor its request goes to.
-_waiting: tuple[subprocess.Popen[bytes], int] | None = None
+#: The keepers started ahead of the next jobs, each with the descriptor its request goes
+#: to: two, so that jobs coming one after another each find one that has booted.
+WAITING: Final = 2
+_waiting: deque[tuple[subprocess.Popen[bytes], int]] = deque()
 _lock = threading.Lock()
 
 
 def _forget_in_child() -> None:
-    # A forked child must not hand its parent's keeper a job, nor keep it from seeing the
-    # end of its request: it lets go of the descriptor and starts its own when it needs one.
-    global _waiting, _lock
-    if _waiting is not None:
+    # A forked child must not hand its parent's keepers a job, nor keep them from seeing
+    # the end of their request: it lets go of the descriptors, and starts its own.
+    global _lock
+    for _, control in _waiting:
         with contextlib.suppress(OSError):
-            os.close(_waiting[1])
-    _waiting, _lock = None, threading.Lock()
+            os.close(control)
+    _waiting.clear()
+    _lock = threading.Lock()
 
 
 if KEEPER:

@@ -204,6 +204,7 @@ class Runner:
         anything of the agent is active again)."""
         self.bus.peek()  # claims the inbox (a second runner is refused here): online now
         self.bus.set_presence("idle")
+        children.prepare()  # the first job's keeper starts now, not when the job comes
         if ready is not None:
             ready()
         said = "idle"
