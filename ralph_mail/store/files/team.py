@@ -16,7 +16,7 @@ import os
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ralph_mail.store.files.claims import Claims
 from ralph_mail.store.files.deadletters import DeadLetters
@@ -50,16 +50,7 @@ class TeamFiles:
         self._presence: dict[str, SlotFile] = {}
         self._generation = 0
         # A store dropped without close() still gives its descriptors back when collected.
-        weakref.finalize(
-            self,
-            _close_all,
-            self._logs,
-            {"cursors": self._cursors, "presence": self._presence},
-            self._claims,
-            self._indexes,
-            self._maps,
-            self.dirs,
-        )
+        weakref.finalize(self, _close_all, *self._kept())
 
     # -- paths (for messages and doctor) ---------------------------------------------------
 
@@ -134,20 +125,19 @@ class TeamFiles:
         """The pid of the process consuming ``agent``'s inbox now, or None."""
         return self._claims.consumer(agent)
 
+    def _kept(self) -> tuple[Any, ...]:
+        """What the store keeps open, as `_close_all` takes it (the same objects for the
+        life of the store: they are emptied and filled, never replaced)."""
+        slots = {"cursors": self._cursors, "presence": self._presence}
+        return (self._logs, slots, self._claims, self._indexes, self._maps, self.dirs)
+
     def close(self) -> None:
         """Close every kept descriptor and give up claims (those inherited through fork
         are left alone)."""
         if self._search is not None:
             self._search.close()
             self._search = None
-        _close_all(
-            self._logs,
-            {"cursors": self._cursors, "presence": self._presence},
-            self._claims,
-            self._indexes,
-            self._maps,
-            self.dirs,
-        )
+        _close_all(*self._kept())
 
 
 def _close_all(
