@@ -1,14 +1,14 @@
 """The keeper a command runs under on Linux (see `ralph_mail.children`).
 
-Run as ``python -I -S _keeper.py COMMAND [ARG...]``, or ``--from-fd N`` to be told the
-command later (see `request`): standard library only, and as little of it as will do, so
-it starts in about 18 ms, ctypes and signal most of it. It makes itself a child subreaper, so every
-process the command starts (a daemon that left its session with ``setsid`` or a double
-fork included) stays below it; passes its three streams on to the command and lets go of
-them (the parent sees end-of-file once the command's tree is gone); waits for the
-command; then kills and reaps what is left of the tree, and exits with the command's
-status (dying of the same signal when it was killed). SIGTERM ends the command and its
-tree at once.
+Run as ``python -I -S _keeper.py COMMAND [ARG...]``, or as ``--serve FD``, the server
+that forks a keeper for each job (see `serve`): standard library only, and as little of
+it as will do (a keeper of its own costs a job about 18 ms of Python start). A keeper
+makes itself a child subreaper, so every process the command starts (a daemon that left
+its session with ``setsid`` or a double fork included) stays below it; passes its three
+streams on to the command and lets go of them (the parent sees end-of-file once the
+command's tree is gone); waits for the command; then kills and reaps what is left of the
+tree, and exits with the command's status (dying of the same signal when it was killed).
+SIGTERM ends the command and its tree at once.
 """
 
 from __future__ import annotations
@@ -53,28 +53,10 @@ def descendants() -> list[int]:
     return found
 
 
-def request(argv: list[str]) -> tuple[list[str], dict[str, str]]:
-    """The command and its environment: ``argv`` itself, or with ``--from-fd N`` a JSON
-    request ``{"argv": [...], "env": {...}}`` read from descriptor N to its end. A keeper
-    started that way ahead of its job (`ralph_mail.children`) has all of its own start-up
-    behind it when the job comes; an empty request (its parent went away) ends it."""
-    if argv[:1] != ["--from-fd"]:
-        return argv, dict(os.environ)
-    import json
-
-    control, chunks = int(argv[1]), []
-    while chunk := os.read(control, 1 << 16):
-        chunks.append(chunk)
-    os.close(control)
-    if not chunks:
-        os._exit(0)
-    wanted = json.loads(b"".join(chunks))
-    return [str(arg) for arg in wanted["argv"]], {str(k): str(v) for k, v in wanted["env"].items()}
-
-
-def main(argv: list[str]) -> None:
+def keep(argv: list[str], env: dict[str, str]) -> None:
+    """Run ``argv`` as a child subreaper (its streams this process's 0, 1 and 2), wait for
+    it, kill and reap what is left of its tree, and exit with its status."""
     prctl = ctypes.CDLL(None, use_errno=True).prctl
-    argv, env = request(argv)
     signal.signal(signal.SIGTERM, _stop)
     status: int | None = None
     command = -1
@@ -131,6 +113,77 @@ def main(argv: list[str]) -> None:
         signal.signal(-exit_code, signal.SIG_DFL)
         os.kill(os.getpid(), -exit_code)
     os._exit(exit_code & 0xFF)
+
+
+def serve(fd: int) -> None:
+    """The keepers' fork server (`ralph_mail.children`): started once, it forks a keeper
+    for each job it is sent, so a job's start costs a fork, not a Python start.
+
+    Over the SOCK_SEQPACKET socket ``fd``, a request is one message, JSON
+    ``{"id": N, "argv": [...], "env": {...}}``, with the job's three streams as its
+    descriptors; it answers ``started ID PID``, and ``exit PID CODE`` once that keeper
+    has ended (CODE as `subprocess` gives it: minus the signal that killed it). It ends
+    when the socket does (its parent went away)."""
+    import json
+    import select
+    import socket
+
+    channel = socket.socket(fileno=fd)
+    wake_read, wake_write = os.pipe()
+    for end in (wake_read, wake_write):
+        os.set_blocking(end, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the select below
+    while True:
+        ready = select.select([channel.fileno(), wake_read], [], [])[0]
+        if wake_read in ready:
+            while True:
+                try:
+                    os.read(wake_read, 512)
+                except BlockingIOError:
+                    break
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if not pid:
+                break
+            channel.send(f"exit {pid} {os.waitstatus_to_exitcode(status)}".encode())
+        if channel.fileno() not in ready:
+            continue
+        data, fds, _, _ = socket.recv_fds(channel, 1 << 22, 3)
+        if not data:
+            return
+        wanted = json.loads(data)
+        pid = os.fork()
+        if pid == 0:  # the job's keeper
+            try:
+                channel.close()
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for end in (wake_read, wake_write):
+                    os.close(end)
+                for target, source in enumerate(fds):
+                    os.dup2(source, target)
+                for source in fds:
+                    if source > 2:
+                        os.close(source)
+                os.setsid()
+                keep([str(arg) for arg in wanted["argv"]],
+                     {str(k): str(v) for k, v in wanted["env"].items()})  # fmt: skip
+            finally:
+                os._exit(127)
+        for source in fds:
+            os.close(source)
+        channel.send(f"started {int(wanted['id'])} {pid}".encode())
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["--serve"]:
+        serve(int(argv[1]))
+    else:
+        keep(argv, dict(os.environ))
 
 
 if __name__ == "__main__":

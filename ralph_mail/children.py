@@ -8,9 +8,9 @@ stays below it. When the command exits, or the keeper gets SIGTERM (`end`), the 
 kills what is left of that tree, reaps it, and exits with the command's status.
 Elsewhere the command is the child itself, and `end` kills its process group.
 
-A keeper costs a Python start (18 ms), so keepers are started ahead of the jobs: `spawn`
-hands the command to a keeper already waiting for it and starts another, which boots
-while the job runs (`prepare` starts them; `close` ends those still waiting).
+A keeper is forked for each job by one server per process (`ralph_mail.keepers`), so a
+job's start costs a fork, not a Python start (`prepare` starts the server ahead of the
+first job; `close` ends it).
 
 `communicate` reads what the command prints until it exits; after that, only a short
 bounded drain: a background job that keeps the pipes open never holds the answer up.
@@ -24,12 +24,9 @@ import selectors
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections import deque
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Final, NamedTuple
+from typing import IO, Final, NamedTuple, Protocol
 
 #: Whether commands run under a keeper (a subreaper needs Linux's prctl and /proc).
 KEEPER: Final = sys.platform.startswith("linux")
@@ -39,9 +36,6 @@ DRAIN_S: Final = 0.5
 _LAST_READ: Final = 4 << 20
 #: How long `end` waits for a keeper to clean up before killing its group outright (s).
 _KEEPER_GRACE_S: Final = 5.0
-
-#: The keeper's script (run by path, so ``ps`` shows it and the command it keeps).
-_KEEPER_SCRIPT: Final = str(Path(__file__).with_name("_keeper.py"))
 
 
 class Finished(NamedTuple):
@@ -54,104 +48,59 @@ class Finished(NamedTuple):
     err: bytes
 
 
-def spawn(argv: Sequence[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+class Child(Protocol):
+    """A child as `communicate` and `end` use it: a `subprocess.Popen`, or a job's keeper
+    forked by the keepers' server (`ralph_mail.keepers.Kept`)."""
+
+    pid: int
+    stdin: IO[bytes] | None
+    stdout: IO[bytes] | None
+    stderr: IO[bytes] | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
+def spawn(argv: Sequence[str], env: dict[str, str]) -> Child:
     """Start ``argv`` with pipes on its three streams, in a new session (under a keeper
     where there is one: see the module docstring)."""
     if not KEEPER:
-        return _start(list(argv), env)
+        return subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=env,
+                                start_new_session=True)  # fmt: skip
     if any("\0" in text for text in (*argv, *env, *env.values())):
         raise ValueError("embedded null byte")  # as subprocess says it: nothing is run
-    with _lock:
-        child, control = _waiting.popleft() if _waiting else _start_keeper()
-    try:
-        import orjson
+    from ralph_mail import keepers
 
-        os.write(control, orjson.dumps({"argv": list(argv), "env": env}))
-    finally:
-        os.close(control)  # the keeper reads to the end: this is the end
-    prepare()  # the next one boots while this job runs
-    return child
+    return keepers.server().spawn(argv, env)
 
 
 def prepare() -> None:
-    """Have `WAITING` keepers started ahead of the next jobs (Linux; else nothing)."""
+    """Start the keepers' server now rather than with the first job (Linux; else nothing)."""
     if KEEPER:
-        with _lock:
-            while len(_waiting) < WAITING:
-                _waiting.append(_start_keeper())
+        from ralph_mail import keepers
+
+        keepers.server()
 
 
 def close() -> None:
-    """End the keepers waiting for a job (each exits when it finds no request)."""
-    with _lock:
-        waiting = list(_waiting)
-        _waiting.clear()
-    for child, control in waiting:
-        os.close(control)
-        for stream in (child.stdin, child.stdout, child.stderr):
-            _close(stream)
-        child.wait()
+    """End the keepers' server (the keepers of running jobs end with their jobs)."""
+    if KEEPER:
+        from ralph_mail import keepers
+
+        keepers.close()
 
 
-#: The keepers started ahead of the next jobs, each with the descriptor its request goes
-#: to: two, so that jobs coming one after another each find one that has booted.
-WAITING: Final = 2
-_waiting: deque[tuple[subprocess.Popen[bytes], int]] = deque()
-_lock = threading.Lock()
-
-
-def _forget_in_child() -> None:
-    # A forked child must not hand its parent's keepers a job, nor keep them from seeing
-    # the end of their request: it lets go of the descriptors, and starts its own.
-    global _lock
-    for _, control in _waiting:
-        with contextlib.suppress(OSError):
-            os.close(control)
-    _waiting.clear()
-    _lock = threading.Lock()
-
-
-if KEEPER:
-    os.register_at_fork(after_in_child=_forget_in_child)
-    import atexit
-
-    atexit.register(close)
-
-
-def _start_keeper() -> tuple[subprocess.Popen[bytes], int]:
-    read, write = os.pipe()
-    try:
-        child = _start([sys.executable, "-I", "-S", _KEEPER_SCRIPT, "--from-fd", str(read)],
-                       None, (read,))  # fmt: skip
-    except BaseException:
-        os.close(write)
-        raise
-    finally:
-        os.close(read)
-    return child, write
-
-
-def _start(
-    args: list[str], env: dict[str, str] | None, keep: tuple[int, ...] = ()
-) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        args,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        start_new_session=True,
-        pass_fds=keep,
-    )
-
-
-def kill_group(child: subprocess.Popen[bytes]) -> None:
+def kill_group(child: Child) -> None:
     """SIGKILL the child's process group (it leads it), if anything of it is left."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(child.pid, signal.SIGKILL)
 
 
-def end(child: subprocess.Popen[bytes]) -> None:
+def end(child: Child) -> None:
     """End ``child`` and everything it started, and reap it: its keeper kills the tree
     (SIGTERM; its group is killed outright if it has not within a few seconds), or,
     without a keeper, its process group is killed."""
@@ -164,9 +113,7 @@ def end(child: subprocess.Popen[bytes]) -> None:
     child.wait()
 
 
-def communicate(
-    child: subprocess.Popen[bytes], stdin: bytes, timeout: float, limit: int, err_limit: int
-) -> Finished:
+def communicate(child: Child, stdin: bytes, timeout: float, limit: int, err_limit: int) -> Finished:
     """Feed ``stdin`` to ``child`` and read its output until it exits, ending it (and
     its tree) after ``timeout`` seconds. Keeps the first ``limit`` bytes of stdout and
     the last ``err_limit`` of stderr, reading the rest away so the child never blocks.

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -41,7 +40,7 @@ import orjson
 
 from ralph_mail import children, settings
 from ralph_mail.bus import MessageBus
-from ralph_mail.children import communicate, end, spawn
+from ralph_mail.children import Child, communicate, end, spawn
 from ralph_mail.errors import InvalidMessage, MailError, RefusedByRules
 from ralph_mail.govern import presence
 from ralph_mail.message import Message, MessageType
@@ -190,7 +189,7 @@ class Runner:
         self.jobs, self.timeout, self.history, self.format = jobs, timeout, history, format
         self.bus = MessageBus(team, agent, home, default_rate=10)
         self.home = str(self.bus.team.home)
-        self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self._children: dict[str, Child] = {}
         self._local = threading.local()  # each pool thread's own bus
         self._buses: list[MessageBus] = []
         self._buses_lock = threading.Lock()

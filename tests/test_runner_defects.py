@@ -15,7 +15,6 @@ from conftest import BOUND_S, Processes, cli_env, ralph
 from test_runner import ask, gone, runner, wait_until
 
 from ralph_mail import MessageBus, MessageType, Team, settings
-from ralph_mail.children import WAITING
 from ralph_mail.message import Message
 from ralph_mail.orchestrator import Plan, command_reviewer
 
@@ -192,23 +191,30 @@ def test_the_history_given_to_a_command_is_capped_in_bytes(
 @linux
 def test_the_runner_has_no_leftover_children(team: Team, procs: Processes) -> None:
     """After jobs that leave background work, the runner's own process has no child
-    left but the keepers started ahead of the next jobs (nothing to reap grows with the
-    jobs it ran)."""
+    left but the keepers' fork server, which has no keeper left (nothing to reap grows
+    with the jobs it ran)."""
     child = runner(procs, team.home, "worker-1", "cat >/dev/null; sleep 300 & echo x")
     for n in range(3):
         assert ask(team.home, "worker-1", f"q{n}").returncode == 0
 
-    def childless() -> bool:
+    def children_of(parent: int) -> list[tuple[int, bytes]]:
         found = []
         for name in os.listdir("/proc"):
             if name.isdigit():
                 try:
                     stat = Path(f"/proc/{name}/stat").read_bytes()
+                    line = Path(f"/proc/{name}/cmdline").read_bytes()
                 except OSError:
                     continue
-                if int(stat[stat.rindex(b")") + 2 :].split()[1]) == child.pid:
-                    found.append(Path(f"/proc/{name}/cmdline").read_bytes())
-        return len(found) <= WAITING and all(b"_keeper.py\0--from-fd" in line for line in found)
+                if int(stat[stat.rindex(b")") + 2 :].split()[1]) == parent:
+                    found.append((int(name), line))
+        return found
+
+    def childless() -> bool:
+        # Only the keepers' fork server, and it has no keeper left.
+        found = children_of(child.pid)
+        return all(b"_keeper.py\0--serve" in line and not children_of(pid)
+                   for pid, line in found) and len(found) <= 1  # fmt: skip
 
     wait_until(childless, "the runner's children to be gone")
     stop(child)
