@@ -69,9 +69,10 @@ class Gate:
     """
 
     def __init__(self, box: Mailbox, default_rate: int | None) -> None:
-        # A proxy, not the mailbox: no cycle keeps a dropped mailbox (and its descriptors,
-        # its claim on the inbox) alive until the cyclic GC runs.
-        self._box: Mailbox = weakref.proxy(box)
+        # A weak reference, not the mailbox: no cycle keeps a dropped mailbox (and its
+        # descriptors, its claim on the inbox) alive until the cyclic GC runs. Taken once
+        # per call: a proxy would cost each attribute read four times over.
+        self._ref = weakref.ref(box)
         if default_rate is not None:
             from ralph_mail.govern.policy import check_rate
 
@@ -83,6 +84,12 @@ class Gate:
         self._decisions_team: object = None
         self._rate_key = f"rate.{box.agent}"
 
+    def _box(self) -> Mailbox:
+        box = self._ref()
+        if box is None:
+            raise ReferenceError("the mailbox of this Gate is gone")
+        return box
+
     # -- the policy ---------------------------------------------------------------------
 
     def policy(self) -> Policy:
@@ -91,7 +98,7 @@ class Gate:
         A policy that cannot be read or parsed, the empty file included, raises
         `PermissionDenied` naming it: it fails closed.
         """
-        store = self._box.store
+        store = self._box().store
         version = store.state_version(POLICY_KEY)
         cached_version, cached = self._policy
         if version != cached_version or (version is None and cached is not _NO_POLICY):
@@ -105,7 +112,7 @@ class Gate:
     def _read_policy(self) -> Policy | str:
         from ralph_mail.govern import policy
 
-        store = self._box.store
+        store = self._box().store
         where = store.state_where(POLICY_KEY)
         try:
             raw = store.load_state(POLICY_KEY)
@@ -121,11 +128,12 @@ class Gate:
     def require_lead(self, act: str) -> None:
         """`PermissionDenied` unless my agent is the team's lead: ``act`` (a change of the
         rules, of the roster's modes and managers) is the lead's alone."""
-        lead = self._box.refresh_team().lead
-        if self._box.agent != lead:
+        box = self._box()
+        lead = box.refresh_team().lead
+        if box.agent != lead:
             raise PermissionDenied(
-                f"{act} is the lead's to do, and {self._box.agent} is not the lead of team "
-                f"{self._box.team.name!r}: run it as {lead} (--agent {lead})"
+                f"{act} is the lead's to do, and {box.agent} is not the lead of team "
+                f"{box.team.name!r}: run it as {lead} (--agent {lead})"
             )
 
     # -- the check ------------------------------------------------------------------------
@@ -143,7 +151,7 @@ class Gate:
         ``in_thread``: the thread's messages, when the caller has just read them;
         ``waits``: the sender waits for the answer (an ask), so the recipient must be
         there (online, or sleeping: a request wakes it)."""
-        box = self._box
+        box = self._box()
         sender, to, kind = box.agent, str(envelope["to"]), str(envelope["type"])
         metadata = envelope["metadata"]
         if kind in _CHECKED and isinstance(metadata, dict):  # what its reader would refuse
@@ -153,8 +161,8 @@ class Gate:
         if to == sender:
             doing = "asking" if kind == MessageType.REQUEST else "sending to"
             raise InvalidMessage(f"{sender!r} is {doing} itself: name a teammate")
-        chain = envelope.get("chain")
-        if kind == MessageType.REQUEST and isinstance(chain, list):
+        chain = envelope.get("chain") if kind == MessageType.REQUEST else None
+        if isinstance(chain, list):
             depth = settings.team_setting("max_depth", dict(box.team.config))
             if len(chain) > depth:
                 raise DepthLimit(
@@ -170,6 +178,8 @@ class Gate:
         if to == BROADCAST_ADDRESS:
             recipients = [name for name in box.refresh_team().names if name != sender]
             return self._govern(recipients, "contact", False)
+        if self._unruled(box):  # nothing to decide, whatever the message answers
+            return ""
         answer = self._answers(envelope, in_thread)
         if answer == "answer":
             return ""
@@ -189,15 +199,26 @@ class Gate:
                 "a direct message, which waits for it"
             )
 
+    def _unruled(self, box: Mailbox) -> bool:
+        """No policy, no rate and my mode autonomous: the common case, decided at once."""
+        if self.default_rate is not None or box.me().mode != "autonomous":
+            return False
+        try:
+            return self.policy() is _NO_POLICY
+        except PermissionDenied:  # broken: `_govern` says so, or lets a protocol through
+            return False
+
     def _answers(self, envelope: dict[str, object], in_thread: list[Message] | None) -> str:
         """What ``envelope`` is: "answer" when it answers something its sender received
         (never held), "reply" for a reply to a message received (held only in strict
         mode), "" when it answers nothing (contact)."""
         kind = envelope["type"]
-        answered = envelope.get("reply_to")
-        if not isinstance(answered, str) or kind not in _ANSWER_TYPES:
+        if kind not in _ANSWER_TYPES:
             return ""
-        box = self._box
+        answered = envelope.get("reply_to")
+        if not isinstance(answered, str):
+            return ""
+        box = self._box()
         sender, to = box.agent, str(envelope["to"])
         if kind == MessageType.APPROVAL_RESPONSE:
             from ralph_mail.govern import approvals
@@ -225,7 +246,7 @@ class Gate:
             if not protocol:
                 raise
             policy = _NO_POLICY  # the hierarchy needs no rule: a broken one stops no protocol
-        box = self._box
+        box = self._box()
         if policy is _NO_POLICY and self.default_rate is None and box.me().mode == "autonomous":
             return ""  # no rule, no rate, no mode: nothing to decide
         if self._decisions_team is not box.team:  # the roster changed: modes, managers
@@ -257,13 +278,14 @@ class Gate:
         policy = self.policy() if policy is None else policy
         if policy is _NO_POLICY and self.default_rate is None:
             return
-        rate = policy.rate_of(self._box.agent) or self.default_rate
+        box = self._box()
+        rate = policy.rate_of(box.agent) or self.default_rate
         if rate is None:
             return
-        wait = self._box.store.take(self._rate_key, rate, RATE_WINDOW_S)
+        wait = box.store.take(self._rate_key, rate, RATE_WINDOW_S)
         if wait > 0:
             raise RateLimited(
-                f"{self._box.agent} started {rate} messages in the last minute, its limit: "
+                f"{box.agent} started {rate} messages in the last minute, its limit: "
                 f"retry in {max(wait, 0.1):.1f} s"
             )
 
@@ -274,7 +296,7 @@ class Gate:
         team's ``max_internal_exchanges``, and this one is internal too."""
         if visibility == "user_visible":
             return
-        box = self._box
+        box = self._box()
         limit = settings.team_setting("max_internal_exchanges", dict(box.team.config))
         if limit == 0:
             return
@@ -294,7 +316,7 @@ class Gate:
         the ``approval_request`` is the Gate's own message, written as it is."""
         from ralph_mail.govern import approvals
 
-        box = self._box
+        box = self._box()
         approver = box.me().manager or box.team.lead
         record = approvals.held(envelope, approver, reason, format_ts(time.time_ns() // 1000))
         box.store.log_append(approvals.LOG, record)
