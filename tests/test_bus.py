@@ -371,3 +371,29 @@ def test_an_unclosed_bus_gives_its_descriptors_back(team: Team) -> None:
         MessageBus("demo", "lead").poll()
     gc.collect()
     assert open_descriptors() <= before + 2
+
+
+def test_threads_of_one_process_sending_into_one_inbox_take_turns(team: Team) -> None:
+    """Sends from many threads through one bus (an MCP server's tools, asks in flight)
+    each write a whole line, none lost, and none waits for ever: the inbox's lock is a
+    file lock, which the threads of one process share, so they also take turns inside."""
+    import threading
+
+    bus = MessageBus("demo", "lead")
+    done: list[int] = []
+
+    def send(n: int) -> None:
+        for k in range(100):
+            bus.send("worker-1", "text", f"{n}-{k}")
+        done.append(n)
+
+    threads = [threading.Thread(target=send, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(done) == list(range(8)), "a sending thread never finished"
+    got = MessageBus("demo", "worker-1").poll()
+    sent = sorted(f"{n}-{k}" for n in range(8) for k in range(100))
+    assert sorted(m.content for m in got) == sent
+    assert [m.ts for m in got] == sorted(m.ts for m in got)

@@ -34,6 +34,7 @@ import contextlib
 import fcntl
 import os
 import struct
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -123,6 +124,9 @@ class InboxLog:
         self._end = -1  # inbox size after our last append; -1: unknown, probe the tail
         self._last_ts = ""  # wire timestamps are fixed-width, so they compare as strings
         self._reader: _Open | None = None
+        # flock excludes other processes, not the threads of this one: they share the
+        # writer's open file description, so one thread's LOCK_UN would free another's.
+        self._appending = threading.Lock()
 
     # -- opening -------------------------------------------------------------------------
 
@@ -236,7 +240,14 @@ class InboxLog:
             self._writer = -1
 
     def append(self, head: bytes, tail: bytes, durable: bool) -> tuple[str, int]:
-        """Append ``head + ts + tail``; return the ts and the line's logical offset."""
+        """Append ``head + ts + tail``; return the ts and the line's logical offset.
+        One thread at a time: see ``_appending``."""
+        if self._pid != os.getpid():  # forked while another thread held it: a new one
+            self._appending = threading.Lock()
+        with self._appending:
+            return self._append(head, tail, durable)
+
+    def _append(self, head: bytes, tail: bytes, durable: bool) -> tuple[str, int]:
         size = self._lock()
         fd = self._writer
         try:
