@@ -14,6 +14,7 @@ from ralph_mail import (
     Message,
     MessageBus,
     MessageType,
+    RateLimited,
     StoreError,
     Team,
     UnknownAgent,
@@ -397,3 +398,31 @@ def test_threads_of_one_process_sending_into_one_inbox_take_turns(team: Team) ->
     sent = sorted(f"{n}-{k}" for n in range(8) for k in range(100))
     assert sorted(m.content for m in got) == sent
     assert [m.ts for m in got] == sorted(m.ts for m in got)
+
+
+def test_threads_of_one_process_count_each_message_against_the_rate(team: Team) -> None:
+    """A rate limit shared by threads of one process (an MCP server's tools) counts each
+    message once: with a rate of 50, 8 threads sending 10 each get exactly 50 through."""
+    import threading
+
+    from ralph_mail.govern.policy import KEY, Policy
+
+    bus = MessageBus("demo", "lead")
+    bus.store.save_state(KEY, Policy((), {"lead": 50}).to_json())
+    passed: list[int] = []
+
+    def send() -> None:
+        for _ in range(10):
+            try:
+                bus.send("worker-1", "text", "x")
+            except RateLimited:
+                continue
+            passed.append(1)
+
+    threads = [threading.Thread(target=send) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(passed) == 50
+    assert len(MessageBus("demo", "worker-1").poll()) == 50

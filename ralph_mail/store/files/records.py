@@ -92,12 +92,13 @@ class Records(TeamFiles):
         it is done, so every process sees it at its next look (`state_version`)."""
         shared = self._mapped("control", 8)
         fd = self._indexes["control"]
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            yield
-            _COUNTER.pack_into(shared, 0, _COUNTER.unpack_from(shared, 0)[0] + 1)
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+        with self._one_thread():
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                yield
+                _COUNTER.pack_into(shared, 0, _COUNTER.unpack_from(shared, 0)[0] + 1)
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
 
     def _replace_state(self, key: str, data: bytes) -> None:
         try:
@@ -187,11 +188,12 @@ class Records(TeamFiles):
                     _CHECKED.add(check_key(key, "rate key"))
                 ring = self._mapped(name, _RING_HEAD.size + 8 * limit)
             fd = self._indexes[name]
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                return _take(ring, limit, window, time.time())
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
+            with self._one_thread():
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    return _take(ring, limit, window, time.time())
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
         except OSError as exc:
             raise store_error(exc, str(self.dirs.path("state", name)), "count") from None
 

@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import mmap
 import os
+import threading
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -49,6 +50,9 @@ class TeamFiles:
         self._search: SearchIndex | None = None
         self._presence: dict[str, SlotFile] = {}
         self._generation = 0
+        # Held around each flock taken on a descriptor this store shares between threads
+        # (the state's control file, rate rings): flock excludes other processes only.
+        self._threads, self._threads_pid = threading.Lock(), os.getpid()
         # A store dropped without close() still gives its descriptors back when collected.
         weakref.finalize(self, _close_all, *self._kept())
 
@@ -94,6 +98,12 @@ class TeamFiles:
         if log is None:
             log = self._logs[agent] = InboxLog(self.dirs, agent, DeadLetters(self.dirs, agent))
         return log
+
+    def _one_thread(self) -> threading.Lock:
+        """The lock of `_threads` (a new one in a child forked while a thread held it)."""
+        if self._threads_pid != os.getpid():
+            self._threads, self._threads_pid = threading.Lock(), os.getpid()
+        return self._threads
 
     def _fresh(self) -> None:
         """After the team was deleted and made again, forget what belonged to the old one:
