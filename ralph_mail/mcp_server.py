@@ -13,6 +13,12 @@ stops its wait, and what was sent stays sent. An ask waits 45 s unless told othe
 under the 60 s most clients allow a call; an answer that comes later is returned by
 check_inbox. Nothing but the protocol goes to stdout.
 
+Every parameter carries a short description in its schema. The parameter names DESIGN
+§12.1 pins stay as the seeds spell them (``agentId`` among them); every other one is
+snake_case. What the read tools show names each message by its id, which ``reply``
+takes; arguments of the wrong type, or missing, are refused in one line naming the
+parameter (`MCPServer` turns pydantic's report into it).
+
 The stdio transport is this module's own, not the SDK's: it reads standard input in
 chunks, so a line over `settings.MCP_MAX_REQUEST_BYTES` is answered with a JSON-RPC
 error and skipped without being held whole, and a line that is not JSON gets a parse
@@ -30,23 +36,26 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
-from typing import Final, Literal, TypeVar
+from typing import Annotated, Any, Final, Literal, TypeVar
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver import MCPServer as _SDKServer
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.shared.message import SessionMessage
 from mcp.types import (
     INVALID_REQUEST,
     PARSE_ERROR,
     CallToolResult,
     ErrorData,
+    InputRequiredResult,
     JSONRPCError,
     RequestId,
     TextContent,
     jsonrpc_message_adapter,
 )
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from ralph_mail import protocols, settings
 from ralph_mail.bus import MessageBus
@@ -55,8 +64,17 @@ from ralph_mail.message import Message, MessageType
 
 _T = TypeVar("_T")
 _F = TypeVar("_F", bound=Callable[..., object])
-#: A tool's priority parameter (module level: the SDK reads the annotations by name).
-Priority = Literal["low", "normal", "high", "urgent"] | None
+# The tools' parameters, each with its description (module level: the SDK reads the
+# annotations by name). Short: every agent pays for the tool list in its context.
+Priority = Annotated[Literal["low", "normal", "high", "urgent"] | None,
+                     Field(description="how soon it matters")]  # fmt: skip
+Teammate = Annotated[str, Field(description="a teammate's name (list_agents)")]
+Text = Annotated[str, Field(description="what to say")]
+AskTimeout = Annotated[float, Field(description="seconds to wait for the answer")]
+WaitSeconds = Annotated[float, Field(description="seconds to wait; 0: do not wait")]
+TaskId = Annotated[str, Field(description="the task's id, from check_inbox")]
+Channel = Annotated[str, Field(description="a channel's name, without #")]
+Limit = Annotated[int, Field(description="at most this many")]
 
 #: What the server tells the model once, in the initialize result.
 INSTRUCTIONS: Final = (
@@ -65,7 +83,8 @@ INSTRUCTIONS: Final = (
     "to check_inbox), notify for news that needs no answer. Call check_inbox between "
     "steps: it returns requests to reply to, tasks to complete and results."
 )
-#: How many delivered messages `reply` and `respond_shutdown` can still name.
+#: How many messages each memory keeps: the delivered ones (which `reply` and
+#: `respond_shutdown` name), and those the read tools showed (which `reply` names).
 _REMEMBERED: Final = 1000
 #: The id at the head of a JSON-RPC line (``{"jsonrpc": "2.0", "id": 7, ...``, as clients
 #: write it), so the error for a line that is not read whole reaches the call waiting.
@@ -81,6 +100,7 @@ class Mailbox:
         self.bus = MessageBus(team, agent, home, default_rate=10)
         self._lock = threading.RLock()
         self._seen: OrderedDict[str, Message] = OrderedDict()  # delivered, by id
+        self._shown: OrderedDict[str, Message] = OrderedDict()  # read in a channel or history
         self._asking = threading.local()
 
     def start(self) -> None:
@@ -163,24 +183,22 @@ class Mailbox:
                 return "No new messages."
             text = "\n\n".join(describe(m) for m in shown)
             self.bus.commit(shown[-1])
-            for message in shown:
-                self._seen[message.id] = message
-                self._seen.move_to_end(message.id)
-            while len(self._seen) > _REMEMBERED:
-                self._seen.popitem(last=False)
+            _remember(self._seen, shown)
         return text
 
-    def _delivered(self, message_id: str) -> Message:
-        found = self._seen.get(message_id)
+    def _named(self, message_id: str) -> Message:
+        """A message a read tool showed, by its id (what ``reply`` answers)."""
+        found = self._seen.get(message_id) or self._shown.get(message_id)
         if found is None:
-            raise MailError(
-                f"unknown message_id {message_id!r}: answer a message check_inbox returned"
-            )
+            raise MailError(f"unknown message_id {message_id!r}: answer a message check_inbox "
+                            "or a read tool showed")  # fmt: skip
+        if found.from_agent == self.bus.agent:
+            raise MailError(f"message {message_id} is yours: reply to a teammate's")
         return found
 
     def reply(self, message_id: str, content: str) -> str:
         with self._lock:
-            message = self._delivered(message_id)
+            message = self._named(message_id)
             self.bus.reply(message, content)
         return f"Replied to {message.from_agent}."
 
@@ -200,15 +218,21 @@ class Mailbox:
         with self._lock:
             posts = self.bus.channel_history(channel, limit)
             self.bus.channel_read(channel)
-        return "\n".join(line(p) for p in posts) or "No posts yet."
+        return self._lines(posts) or "No posts yet."
 
     def history(self, agent: str, limit: int) -> str:
         found = self._locked(lambda: self.bus.history(agent, limit))
-        return "\n".join(line(m) for m in found) or f"No messages with {agent} yet."
+        return self._lines(found) or f"No messages with {agent} yet."
 
     def search(self, query: str, from_agent: str | None, limit: int) -> str:
         found = self._locked(lambda: self.bus.search(query, from_agent=from_agent, limit=limit))
-        return "\n".join(line(m) for m in found) or "Nothing found."
+        return self._lines(found) or "Nothing found."
+
+    def _lines(self, messages: list[Message]) -> str:
+        """``messages`` one a line, each remembered so ``reply`` can answer it by id."""
+        with self._lock:
+            _remember(self._shown, messages)
+        return "\n".join(line(m) for m in messages)
 
     # -- the lead's protocols -------------------------------------------------------------
 
@@ -250,9 +274,20 @@ class Mailbox:
         return f"Shutdown {'accepted' if accept else 'declined'}."
 
 
+def _remember(memory: OrderedDict[str, Message], messages: list[Message]) -> None:
+    """Add ``messages`` to ``memory`` by id, newest last, forgetting the oldest past
+    `_REMEMBERED`."""
+    for message in messages:
+        memory[message.id] = message
+        memory.move_to_end(message.id)
+    while len(memory) > _REMEMBERED:
+        memory.popitem(last=False)
+
+
 def line(message: Message) -> str:
-    """One message as a line of history: time, who, what."""
-    return f"{message.ts[:16].replace('T', ' ')} [{message.from_agent}] {message.content}"
+    """One message as a line of history: time, id (for reply), who, what."""
+    when = message.ts[:16].replace("T", " ")
+    return f"{when} {message.id} [{message.from_agent}] {message.content}"
 
 
 def describe(message: Message) -> str:
@@ -263,19 +298,58 @@ def describe(message: Message) -> str:
         if meta.get("context"):
             head += f"\nContext: {meta['context']}"
     elif kind == MessageType.TASK_ASSIGNMENT:
-        head = f"Task {meta.get('taskId', '')} from {who} (finish with complete_task or fail_task)"
+        head = (f"Task {meta.get('taskId', '')} from {who} (message {message.id}; finish "
+                "with complete_task or fail_task)")  # fmt: skip
     elif kind == MessageType.TASK_RESULT:
-        head = f"Result of {meta.get('taskId', '')} from {who} ({meta.get('status', 'done')})"
+        head = (f"Result of {meta.get('taskId', '')} from {who} ({meta.get('status', 'done')}; "
+                f"message {message.id})")  # fmt: skip
     elif kind == MessageType.REPLY:
         head = f"Reply {message.id} from {who} to your request {message.reply_to}"
         if meta.get("error"):
             head += f" (could not answer: {meta['error']})"
     elif kind == MessageType.MENTION:
-        head = (f"{who} mentioned you in #{meta.get('channel', '')} (answer with "
-                f"post_to_channel, reply_to {message.reply_to})")  # fmt: skip
+        head = (f"{who} mentioned you in #{meta.get('channel', '')} (message {message.id}; "
+                f"answer with post_to_channel, reply_to {message.reply_to})")  # fmt: skip
     else:
         head = f"{kind} {message.id} from {who}"
     return f"{head}:\n{message.content}"
+
+
+class MCPServer(_SDKServer[Any]):
+    """The SDK's server, but arguments that do not fit a tool's schema are refused in one
+    line naming the parameter and the fix, not pydantic's report of several lines."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any],
+                        context: Context[Any, Any] | None = None,
+                        ) -> CallToolResult | InputRequiredResult:  # fmt: skip
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if isinstance(exc, UnexpectedToolError) or not isinstance(cause, ValidationError):
+                raise
+            tool = next((t for t in await self.list_tools() if t.name == name), None)
+            schema = tool.input_schema.get("properties", {}) if tool is not None else {}
+            raise ToolError(bad_arguments(cause, schema)) from cause
+
+
+def bad_arguments(error: ValidationError, schema: dict[str, Any]) -> str:
+    """pydantic's ``error`` about a tool's arguments as one line: each parameter once,
+    what it should be (a missing one: what to pass, from its description in ``schema``)."""
+    said: dict[str, str] = {}
+    for found in error.errors():
+        name = str(found["loc"][0]) if found["loc"] else "arguments"
+        if name in said:  # a union's other branches: the first says enough
+            continue
+        if found["type"] == "missing":
+            what = schema.get(name, {}).get("description")
+            said[name] = f"missing {name}: pass {what}" if what else f"missing {name}"
+        else:
+            got = repr(found.get("input"))
+            got = got if len(got) <= 40 else got[:37] + "..."
+            should = found["msg"].removeprefix("Input ")
+            said[name] = f"{name} {should} (got {got})"
+    return "; ".join(said.values()).replace("\n", " ")
 
 
 def build(team: str, agent: str, home: str | os.PathLike[str] | None = None,
@@ -303,27 +377,31 @@ def build(team: str, agent: str, home: str | os.PathLike[str] | None = None,
         return CallToolResult(content=[TextContent(type="text", text=text)])
 
     @tool
-    async def contact_agent(action: Literal["ask", "delegate", "notify"], agentId: str,
-                            message: str, context: str | None = None, priority: Priority = None,
-                            timeout: float = settings.MCP_ASK_TIMEOUT_S,
-                            ) -> CallToolResult:  # fmt: skip
-        """Reach a teammate. ask: a quick question; waits up to timeout seconds for the
-        answer (a later one comes to check_inbox). delegate: work that takes a while; its
-        result comes to check_inbox. notify: news, no answer."""
+    async def contact_agent(
+        action: Annotated[Literal["ask", "delegate", "notify"],
+                          Field(description="ask: wait for an answer; delegate: a task; "
+                                            "notify: no answer")],
+        agentId: Teammate, message: Text,
+        context: Annotated[str | None, Field(description="background the teammate needs")] = None,
+        priority: Priority = None, timeout: AskTimeout = settings.MCP_ASK_TIMEOUT_S,
+    ) -> CallToolResult:  # fmt: skip
+        """Reach a teammate. ask: a quick question (a late answer comes to check_inbox).
+        delegate: work that takes a while; its result comes to check_inbox. notify: news."""
         return await call(lambda s: box.contact(action, agentId, message, context, priority,
                                                 timeout, s))  # fmt: skip
 
     @tool
-    async def send_to_agent(target_agent: str, message: str) -> CallToolResult:
+    async def send_to_agent(target_agent: Teammate, message: Text) -> CallToolResult:
         """Send a teammate a message that needs no answer."""
         return await call(lambda _: box.send(target_agent, message))
 
     @tool
-    async def request_from_agent(target_agent: str, task_description: str,
-                                 timeout: float = settings.MCP_ASK_TIMEOUT_S,
-                                 ) -> CallToolResult:  # fmt: skip
-        """Ask a teammate and wait up to timeout seconds for the answer (a later one comes
-        to check_inbox)."""
+    async def request_from_agent(
+        target_agent: Teammate,
+        task_description: Annotated[str, Field(description="the question or request")],
+        timeout: AskTimeout = settings.MCP_ASK_TIMEOUT_S,
+    ) -> CallToolResult:  # fmt: skip
+        """Ask a teammate and wait for the answer (a later one comes to check_inbox)."""
         return await call(lambda s: box.ask(target_agent, task_description, None, None,
                                             timeout, s))  # fmt: skip
 
@@ -333,64 +411,85 @@ def build(team: str, agent: str, home: str | os.PathLike[str] | None = None,
         return await call(lambda _: box.agents())
 
     @tool
-    async def check_inbox(wait_seconds: float = 0.0) -> CallToolResult:
-        """New messages (requests, tasks, results, mentions, notes), waiting up to
-        wait_seconds for one. Each is returned once."""
+    async def check_inbox(wait_seconds: WaitSeconds = 0.0) -> CallToolResult:
+        """New messages (requests, tasks, results, mentions, notes), each with its id and
+        returned once."""
         return await call(lambda s: box.check(wait_seconds, s))
 
     @tool
-    async def reply(message_id: str, content: str) -> CallToolResult:
-        """Answer a request check_inbox returned."""
+    async def reply(
+        message_id: Annotated[str, Field(description="its id, as a read tool showed it")],
+        content: Text,
+    ) -> CallToolResult:  # fmt: skip
+        """Answer a message (a request check_inbox returned, most often)."""
         return await call(lambda _: box.reply(message_id, content))
 
     @tool
-    async def complete_task(task_id: str, result: str) -> CallToolResult:
+    async def complete_task(
+        task_id: TaskId, result: Annotated[str, Field(description="what you made or found")]
+    ) -> CallToolResult:
         """Finish a delegated task; its delegator gets the result."""
         return await call(lambda _: box.finish(task_id, result, False))
 
     @tool
-    async def fail_task(task_id: str, error: str) -> CallToolResult:
+    async def fail_task(
+        task_id: TaskId, error: Annotated[str, Field(description="why it cannot be done")]
+    ) -> CallToolResult:
         """Give up a delegated task, saying why."""
         return await call(lambda _: box.finish(task_id, error, True))
 
     @tool
-    async def post_to_channel(channel: str, content: str,
-                              reply_to: str | None = None) -> CallToolResult:  # fmt: skip
-        """Post in a channel; @name asks that member to answer, @all everyone. reply_to:
-        the post you answer (a mention's)."""
+    async def post_to_channel(
+        channel: Channel, content: Annotated[str, Field(description="the post; @name or @all "
+                                                                    "asks for an answer")],
+        reply_to: Annotated[str | None, Field(description="the id of the post you answer")] = None,
+    ) -> CallToolResult:  # fmt: skip
+        """Post in a channel."""
         return await call(lambda _: box.post(channel, content, reply_to))
 
     @tool
-    async def read_channel(channel: str, limit: int = 20) -> CallToolResult:
-        """The last posts of a channel, oldest first."""
+    async def read_channel(channel: Channel, limit: Limit = 20) -> CallToolResult:
+        """The last posts of a channel, oldest first: time, id, [sender], text."""
         return await call(lambda _: box.read_channel(channel, limit))
 
     @tool
-    async def conversation_history(agent: str, limit: int = 20) -> CallToolResult:
-        """The last messages between you and a teammate, oldest first."""
+    async def conversation_history(agent: Teammate, limit: Limit = 20) -> CallToolResult:
+        """The last messages between you and a teammate, oldest first: time, id, [sender],
+        text."""
         return await call(lambda _: box.history(agent, limit))
 
     @tool
     async def search_messages(
-        query: str, from_agent: str | None = None, limit: int = 20
-    ) -> CallToolResult:
-        """Search every message of the team (words), newest first."""
+        query: Annotated[str, Field(description="words the message contains")],
+        from_agent: Annotated[str | None, Field(description="only this sender's")] = None,
+        limit: Limit = 20,
+    ) -> CallToolResult:  # fmt: skip
+        """Search every message of the team, newest first: time, id, [sender], text."""
         return await call(lambda _: box.search(query, from_agent, limit))
 
     @tool
-    async def report_status(text: str, state: str | None = None,
-                            progress: float | None = None) -> CallToolResult:  # fmt: skip
-        """Tell the lead how you are doing (state: idle, working, blocked, done, failed;
-        progress 0 to 1)."""
+    async def report_status(
+        text: Annotated[str, Field(description="what you are doing")],
+        state: Annotated[str | None, Field(description="idle, working, blocked, done or "
+                                                       "failed")] = None,
+        progress: Annotated[float | None, Field(description="0 to 1")] = None,
+    ) -> CallToolResult:  # fmt: skip
+        """Tell the lead how you are doing."""
         return await call(lambda _: box.report_status(text, state, progress))
 
     @tool
-    async def submit_plan(plan: str, wait_seconds: float = 0.0) -> CallToolResult:
-        """Send the lead your plan; wait up to wait_seconds for approval."""
+    async def submit_plan(
+        plan: Annotated[str, Field(description="the steps you mean to take")],
+        wait_seconds: WaitSeconds = 0.0,
+    ) -> CallToolResult:  # fmt: skip
+        """Send the lead your plan and wait for its approval (or see check_inbox)."""
         return await call(lambda s: box.submit_plan(plan, wait_seconds, s))
 
     @tool
-    async def respond_shutdown(accept: bool, reason: str | None = None) -> CallToolResult:
+    async def respond_shutdown(
+        accept: Annotated[bool, Field(description="true to stop now")],
+        reason: Annotated[str | None, Field(description="why not yet")] = None,
+    ) -> CallToolResult:  # fmt: skip
         """Answer the lead's shutdown request: accept to stop, or say why not yet."""
         return await call(lambda _: box.respond_shutdown(accept, reason))
 
