@@ -7,8 +7,12 @@ status) stay close to the interpreter's own start-up.
 This package is the only place where a `MailError` becomes an exit code.
 """
 
+# PYTHON_ARGCOMPLETE_OK: argcomplete's global completion completes a console script only
+# when its module says this in its first kilobyte (see ralph_mail.cli.completion).
+
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -109,8 +113,6 @@ class _Closed:
 
 def _silence_stdout() -> None:
     # Python would complain again when flushing the closed pipe at exit.
-    import os
-
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -126,6 +128,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if sys.stdin is None:
         sys.stdin = _Closed("input")
     try:
+        if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions (argcomplete)
+            from ralph_mail.cli.completion import complete
+
+            return complete()
         import ralph_mail.bus  # noqa: F401 - what almost every command needs, orjson among it
         from ralph_mail.cli.app import full_app, run
 

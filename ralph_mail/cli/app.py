@@ -59,6 +59,7 @@ def full_app() -> Group:
     """The app with every command registered (each command module registers on import)."""
     from ralph_mail.cli import (  # noqa: F401
         channels,
+        completion,
         conversation,
         faces,
         governance,

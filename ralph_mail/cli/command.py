@@ -136,6 +136,11 @@ class _Scalar(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+#: The actions of a command's parser that only store what they are given: shell
+#: completion may run them to know the options typed so far (``--team``, ``--home``).
+STORING_ACTIONS = (_Scalar,)
+
+
 def _unwrap(hint: Any) -> tuple[type, Any]:
     """``Annotated[T | None, marker]`` -> (T, marker)."""
     marker = None
@@ -155,15 +160,26 @@ def _help_text(fn: Callable[..., Any]) -> str:
 
 def build_parser(fn: Callable[..., Any], prog: str) -> argparse.ArgumentParser:
     """The argparse parser for command ``fn`` (named ``prog``), from its signature."""
+    parser = _Parser(**parser_settings(fn, prog))
+    add_arguments(parser, fn)
+    return parser
+
+
+def parser_settings(fn: Callable[..., Any], prog: str) -> dict[str, Any]:
+    """What a parser for command ``fn`` is made with: its name, description and example."""
     description, example, rest = _help_text(fn).partition("Example:")
-    parser = _Parser(
-        prog=prog,
-        description=description.rstrip(),
-        epilog=(example + rest).rstrip() or None,  # the example ends the help
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        add_help=True,
-        allow_abbrev=False,
-    )
+    return {
+        "prog": prog,
+        "description": description.rstrip(),
+        "epilog": (example + rest).rstrip() or None,  # the example ends the help
+        "formatter_class": argparse.RawDescriptionHelpFormatter,
+        "add_help": True,
+        "allow_abbrev": False,
+    }
+
+
+def add_arguments(parser: argparse.ArgumentParser, fn: Callable[..., Any]) -> None:
+    """Add the options and arguments of command ``fn``'s signature to ``parser``."""
     hints = typing.get_type_hints(fn, include_extras=True)
     for name, param in inspect.signature(fn).parameters.items():
         kind, marker = _unwrap(hints[name])
@@ -202,7 +218,6 @@ def build_parser(fn: Callable[..., Any], prog: str) -> argparse.ArgumentParser:
                 *marker.decls, type=convert, default=default, metavar=marker.metavar,
                 dest=name, help=help_text, action=_Scalar,
             )  # fmt: skip
-    return parser
 
 
 def group_help(group: Group, path: str) -> str:
