@@ -1,11 +1,17 @@
 """`ralph-mail top`: a live dashboard of a team (DESIGN §12.2), on Textual (the ``tui``
 extra).
 
-Panes: the roster (presence, the lead's view of state, task and progress, last seen,
-unread) with the team's channels under it; the task tree; a conversation view of the
-selected agent's inbox, channel or task thread, in which internal messages fold behind
-"Internal agent messages (N)" while user-visible ones stay in view (``i`` unfolds them);
-and a status line (team, home, backend, message rate).
+Panes: the roster (presence; state, task and progress from the team's task log, or
+from the lead's record when it heard later; last seen; unread) with the team's channels
+under it; the task tree; a conversation view of the selected agent's inbox, channel or
+task thread, in which internal messages fold behind "Internal agent messages (N)" while
+user-visible ones stay in view (a hint under it says so; ``i`` unfolds them); and a
+status line (team, home, backend, message rate).
+
+Columns are sized for the screen (`layout_for`): at 80 columns every one is whole, with
+short words for the long presence states and a 4-cell progress bar; from `WIDE_AT`
+columns the names, tasks, bar and descriptions widen and the task tree shows when each
+task finished.
 
 It only looks: it reads tails, presence, cursors and the indexes, never consumes, and
 never moves a cursor. It follows file events on a thread of its own (a waiter on every
@@ -23,9 +29,10 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import ClassVar, Final
+from typing import TYPE_CHECKING, ClassVar, Final
 
 from rich.text import Text
+from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -39,15 +46,23 @@ from ralph_mail.govern import presence
 from ralph_mail.message import Message, decode_lines
 from ralph_mail.store.base import TeamStore
 from ralph_mail.store.search import Query
+from ralph_mail.talk import tasks
 from ralph_mail.talk.channels import listed
 from ralph_mail.team import Team, load_team, parse_roster
+
+if TYPE_CHECKING:
+    from ralph_mail.orchestrator.records import AgentProgress
 
 #: Messages the conversation pane shows at most.
 SHOWN: Final = 200
 #: Unread bytes read to count an agent's unread messages; past it, the count is "N+".
 UNREAD_READ_MAX: Final = 64 * 1024
-#: The widest a task's line (tree, id, description) is shown.
-TASK_WIDTH: Final = 40
+#: From this screen width on, the wide layout (see `layout_for`).
+WIDE_AT: Final = 120
+#: Cells kept free at a table's right for its vertical scroll bar.
+SCROLLBAR: Final = 2
+#: The presence states too long for the column, shortened (README: "The dashboard").
+PRESENCE_SHORT: Final = {"awaiting_approval": "approval", "awaiting_delegation": "waiting"}
 #: The window the status line's message rate is taken over (s).
 RATE_WINDOW_S: Final = 10.0
 
@@ -135,6 +150,102 @@ def bar(progress: float | None, width: int = 8) -> str:
     return "█" * done + "░" * (width - done)
 
 
+def clip(text: str, width: int) -> str:
+    """``text`` in at most ``width`` cells, its end marked "…" when cut."""
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """The columns of the two tables for one screen width.
+
+    Attributes:
+        roster: the roster's columns, ``(header, width)`` each.
+        tasks: the task tree's columns, ``(header, width)`` each.
+        tasks_pane: the task tree's width in cells (the conversation has the rest).
+        bar: the progress bar's width in cells.
+    """
+
+    roster: tuple[tuple[str, int], ...]
+    tasks: tuple[tuple[str, int], ...]
+    tasks_pane: int
+    bar: int
+
+
+def layout_for(width: int) -> Layout:
+    """The columns for a screen ``width`` cells wide: fixed widths for the short columns
+    (each as wide as its longest word: "completed", "presence"), the rest to the
+    description; from `WIDE_AT` on, wider names, tasks and bar, and the finishing time.
+
+    Example:
+        >>> [w for _, w in layout_for(80).roster]
+        [10, 8, 9, 7, 4, 4, 6, 14]
+    """
+    wide = width >= WIDE_AT
+    bar_cells = 10 if wide else 4
+    roster = [("agent", 14 if wide else 10), ("presence", 8), ("state", 9),
+              ("task", 12 if wide else 7), ("progress" if wide else "prog", bar_cells),
+              ("seen", 4), ("unread", 6)]  # fmt: skip
+    roster.append(("does", _rest(width, roster)))
+    pane = width // 2 if wide else width * 3 // 5
+    tree = [("status", 9), ("assignee", 8)] + ([("done", 5)] if wide else [])
+    return Layout(tuple(roster), (("task", _rest(pane, tree)), *tree), pane, bar_cells)
+
+
+def _rest(width: int, columns: list[tuple[str, int]]) -> int:
+    """What is left of ``width`` for one more column after ``columns`` (each padded by a
+    cell either side) and a scroll bar."""
+    used = sum(cells + 2 for _, cells in columns) + 2 + SCROLLBAR
+    return max(8, width - used)
+
+
+def current_tasks(found: dict[str, tasks.Task]) -> dict[str, tasks.Task]:
+    """Each assignee's current task in the team's log: the latest unfinished one (active
+    before pending), else the latest finished."""
+    current: dict[str, tasks.Task] = {}
+    for task in found.values():
+        known = current.get(task.assignee)
+        if known is None or _rank(task) > _rank(known):
+            current[task.assignee] = task
+    return current
+
+
+def _rank(task: tasks.Task) -> tuple[bool, bool, str]:
+    return task.status not in tasks.FINISHED, task.status == "active", task.updated
+
+
+def subtasks(found: dict[str, tasks.Task]) -> dict[str, list[tasks.Task]]:
+    """The tasks of ``found`` by the task they are part of."""
+    parts: dict[str, list[tasks.Task]] = {}
+    for task in found.values():
+        if task.parent is not None:
+            parts.setdefault(task.parent, []).append(task)
+    return parts
+
+
+def task_progress(task: tasks.Task, parts: list[tasks.Task]) -> float | None:
+    """How far ``task`` is, from the log alone: 1 when completed, 0 while pending, else
+    the share of its subtasks ``parts`` finished (None without any, or when it failed)."""
+    if task.status == "completed":
+        return 1.0
+    if parts and task.status != "failed":
+        return sum(t.status in tasks.FINISHED for t in parts) / len(parts)
+    return 0.0 if task.status == "pending" else None
+
+
+def doing(
+    task: tasks.Task | None, known: AgentProgress | None, parts: dict[str, list[tasks.Task]]
+) -> tuple[str, str, float | None]:
+    """An agent's ``(state, task, progress)`` for the roster: from the lead's record when
+    it heard from the agent after the task last changed, else from the task log (the
+    task's status), so the roster needs no lead running."""
+    if known is not None and known.last_seen and (task is None or known.last_seen > task.updated):
+        return known.state, known.task, known.progress
+    if task is None:
+        return "", "", None
+    return task.status, task.id, task_progress(task, parts.get(task.id, []))
+
+
 class Help(ModalScreen[None]):
     """The keys."""
 
@@ -157,6 +268,8 @@ class Dashboard(App[None]):
     #right { width: 1fr; }
     #title { height: 1; background: $boost; }
     #conversation { height: 1fr; }
+    #hint { height: auto; color: $text-muted; display: none; }
+    #hint.folded { display: block; }
     #search { dock: bottom; display: none; }
     #search.open { display: block; }
     #status { dock: bottom; height: 1; background: $primary-background; }
@@ -183,6 +296,9 @@ class Dashboard(App[None]):
         self._sizes: dict[str, int] = {}
         self._tables: dict[str, dict[str, tuple[str | Text, ...]]] = {}  # what each shows
         self._roster_raw = self.store.roster()  # the roster as loaded, to see it change
+        self._found: dict[str, tasks.Task] = {}  # the team's tasks, as last read
+        self._width = 0  # the screen width the columns were made for
+        self._layout = layout_for(80)
 
     # -- layout ---------------------------------------------------------------------------
 
@@ -192,23 +308,41 @@ class Dashboard(App[None]):
             yield DataTable(id="tasks", cursor_type="row")
             with Vertical(id="right"):
                 yield Static(id="title")
-                yield RichLog(id="conversation", wrap=True, markup=False, highlight=False)
+                # min_width: RichLog's default (78) would wrap past a narrower pane
+                yield RichLog(id="conversation", wrap=True, markup=False, highlight=False,
+                              min_width=20)  # fmt: skip
+                yield Static(id="hint")
         yield Input(placeholder="search every message (words); enter searches", id="search")
         yield Static(id="status")
 
     def on_mount(self) -> None:
-        roster = self.query_one("#roster", DataTable)
-        roster.add_columns("agent", "presence", "state", "task", "progress", "seen", "unread",
-                           "does")  # fmt: skip
-        tasks = self.query_one("#tasks", DataTable)
-        tasks.add_columns("task", "status", "assignee", "done")
         for name in self.team.names:
             self._sizes[name] = self.store.size(name)
+        self._columns(self.size.width)
         self.refresh_all()
         self._follower = threading.Thread(target=self._follow, args=(asyncio.get_running_loop(),),
                                           name="ralph-top", daemon=True)  # fmt: skip
         self._follower.start()
         self.set_interval(1.0, self._tick)
+
+    def on_resize(self, event: events.Resize) -> None:
+        if self._width and event.size.width != self._width:  # (0: not mounted yet)
+            self._columns(event.size.width)
+            self._refresh_roster()
+            self._refresh_tasks()
+
+    def _columns(self, width: int) -> None:
+        """Make both tables' columns for a screen ``width`` wide (their rows anew)."""
+        self._width, self._layout = width, layout_for(width)
+        self.query_one("#tasks").styles.width = self._layout.tasks_pane
+        for name, columns in (("roster", self._layout.roster), ("tasks", self._layout.tasks)):
+            table = self.query_one(f"#{name}", DataTable)
+            table.clear(columns=True)
+            for header, cells in columns:
+                table.add_column(header, width=cells, key=header)
+            self._tables.pop(name, None)
+        # the log wraps what it is given at its width then: write it again at the new one
+        self.call_after_refresh(self._refresh_conversation)
 
     # -- data -----------------------------------------------------------------------------
 
@@ -216,6 +350,7 @@ class Dashboard(App[None]):
         """Redraw every pane from the store (what changed is read again; the rest is
         cached)."""
         self._refresh_conversation()  # first: what was said shows soonest
+        self._found, _ = tasks.load(self.store)
         self._refresh_roster()
         self._refresh_tasks()
         self._refresh_status()
@@ -224,31 +359,34 @@ class Dashboard(App[None]):
         from ralph_mail.orchestrator import saved_progress
 
         progress = saved_progress(self.store, self.team.lead)
+        current, parts = current_tasks(self._found), subtasks(self._found)
+        widths = dict(self._layout.roster)
         now = time.time()
         rows: dict[str, tuple[str | Text, ...]] = {}
         for name in self.team.names:
-            state, last_seen, _ = presence.presence_of(self.team, name, now)
-            known = progress.get(name)
+            here, last_seen, _ = presence.presence_of(self.team, name, now)
+            state, task, done = doing(current.get(name), progress.get(name), parts)
             rows[f"agent:{name}"] = (
-                name, state, known.state if known else "", known.task if known else "",
-                bar(known.progress) if known else "", since(last_seen, now),
+                clip(name, widths["agent"]), PRESENCE_SHORT.get(here, here), state,
+                clip(task, widths["task"]), bar(done, self._layout.bar), since(last_seen, now),
                 unread_of(self.store, name, self._unread),
-                Text(self.team.member(name).description),
+                Text(clip(self.team.member(name).description, widths["does"])),
             )  # fmt: skip
         for channel in listed(self.store):
-            rows[f"channel:{channel.name}"] = (f"#{channel.name}", "channel", *[""] * 6)
+            label = clip(f"#{channel.name}", widths["agent"])
+            rows[f"channel:{channel.name}"] = (label, "channel", *[""] * 6)
         self._show(self.query_one("#roster", DataTable), rows)
 
     def _refresh_tasks(self) -> None:
-        from ralph_mail.talk import tasks
-
-        found, _ = tasks.load(self.store)
+        widths = dict(self._layout.tasks)
         rows: dict[str, tuple[str | Text, ...]] = {}
-        for prefix, task in tasks.tree_lines(found):
-            done = task.updated[11:16] if task.status in tasks.FINISHED else ""
-            head = f"{prefix}{task.id} {task.description}"
-            head = head if len(head) <= TASK_WIDTH else head[: TASK_WIDTH - 1] + "…"
-            rows[f"task:{task.id}"] = (Text(head), task.status, task.assignee, done)
+        for prefix, task in tasks.tree_lines(self._found):
+            head = clip(f"{prefix}{task.id} {task.description}", widths["task"])
+            row: tuple[str | Text, ...] = (Text(head), task.status,
+                                           clip(task.assignee, widths["assignee"]))  # fmt: skip
+            if "done" in widths:
+                row += (task.updated[11:16] if task.status in tasks.FINISHED else "",)
+            rows[f"task:{task.id}"] = row
         self._show(self.query_one("#tasks", DataTable), rows)
 
     def _show(self, table: DataTable[str | Text], rows: dict[str, tuple[str | Text, ...]]) -> None:
@@ -290,8 +428,13 @@ class Dashboard(App[None]):
         title, messages = self._messages()
         shown = fold(messages, self.internal)
         hidden = sum(item for item in shown if isinstance(item, int))
-        toggle = "i: fold" if self.internal else f"i: show {hidden} internal"
-        self.query_one("#title", Static).update(Text(f" {title}  ({toggle})", style="bold"))
+        folds = self.internal and any(m.visibility == "internal" for m in messages)
+        toggle = "  (i: fold)" if folds else ""
+        self.query_one("#title", Static).update(Text(f" {title}{toggle}", style="bold"))
+        hint = self.query_one("#hint", Static)
+        hint.set_class(hidden > 0, "folded")
+        plural = "" if hidden == 1 else "s"
+        hint.update(f" {hidden} internal message{plural} folded: press i to show")
         log = self.query_one("#conversation", RichLog)
         log.clear()
         for item in shown:

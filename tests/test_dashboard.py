@@ -16,9 +16,12 @@ from pathlib import Path
 from conftest import BOUND_S, cli_env, ralph
 from rich.console import Console
 from textual.pilot import Pilot
+from textual.widgets import DataTable, Static
 
 from ralph_mail import MessageBus, create_team
-from ralph_mail.dashboard import Dashboard, Help, fold
+from ralph_mail.dashboard import Dashboard, Help, doing, fold, layout_for
+from ralph_mail.orchestrator.records import AgentProgress
+from ralph_mail.talk.tasks import Task
 
 SNAPSHOTS = Path(__file__).with_name("snapshots")
 
@@ -59,6 +62,14 @@ def drive(
     asyncio.run(main())
 
 
+async def titled(pilot: Pilot[None], app: Dashboard, title: str) -> None:
+    """Pause until the conversation pane's title is ``title`` (BOUND_S at most)."""
+    deadline = time.monotonic() + BOUND_S
+    while str(app.query_one("#title", Static).content).strip() != title:
+        assert time.monotonic() < deadline, f"never titled {title!r}"
+        await pilot.pause(0.02)
+
+
 async def until(pilot: Pilot[None], app: Dashboard, seen: str) -> str:
     """Pause until the screen shows ``seen`` (BOUND_S at most); the screen."""
     deadline = time.monotonic() + BOUND_S
@@ -97,7 +108,7 @@ def test_keys_open_toggle_search_and_help(home: Path) -> None:
         await pilot.press("down", "enter")  # the writer's row
         await until(pilot, app, "inbox of writer")
         await pilot.press("down", "down", "down", "enter")  # the channel
-        await until(pilot, app, "#standup  (")
+        await titled(pilot, app, "#standup")
         focused = app.focused
         await pilot.press("tab")
         assert app.focused is not focused and app.focused is not None
@@ -146,10 +157,10 @@ def masked(text: str) -> str:
 
 
 def test_snapshots_of_the_main_screen(home: Path) -> None:
-    """The main screen at 80x24 and 140x40 as tests/snapshots keep it (times, ids and
+    """The main screen at 80x24 and 120x40 as tests/snapshots keep it (times, ids and
     the home masked). RALPH_UPDATE_SNAPSHOTS=1 writes them again."""
     studio(home)
-    for width, height in ((80, 24), (140, 40)):
+    for width, height in ((80, 24), (120, 40)):
         kept = SNAPSHOTS / f"top_{width}x{height}.txt"
 
         async def body(app: Dashboard, pilot: Pilot[None], kept: Path = kept) -> None:
@@ -199,3 +210,113 @@ def test_a_roster_change_shows_without_a_restart(home: Path) -> None:
         await until(pilot, app, "reads the numbers")
 
     drive(home, (120, 30), body)
+
+
+def finished_work(home: Path) -> None:
+    """The studio with no lead running: the analyst completed T-2, the writer has T-1
+    pending."""
+    studio(home)
+    lead, analyst = MessageBus("studio", "lead", home), MessageBus("studio", "analyst", home)
+    analyst.set_presence("idle")
+    lead.delegate("analyst", "Check the numbers", id="T-2")
+    analyst.poll()
+    analyst.complete("T-2", "revenue up 14%")
+    lead.close()
+    analyst.close()
+
+
+def whole(table: DataTable[object]) -> None:
+    """Every column of ``table`` in view (no sideways scrolling), each header and cell no
+    wider than its column."""
+    assert table.virtual_size.width <= table.size.width, (table.id, table.virtual_size)
+    for key, column in table.columns.items():
+        assert len(column.label.plain) <= column.width, (table.id, column.label)
+        for cell in table.get_column(key):
+            assert len(str(cell)) <= column.width, (table.id, column.label, cell)
+
+
+def test_at_80x24_every_column_and_status_is_whole(home: Path) -> None:
+    """At 80x24 no table scrolls sideways; every header and the statuses "completed" and
+    "pending" show whole, in the task tree and the roster."""
+    finished_work(home)
+
+    async def body(app: Dashboard, pilot: Pilot[None]) -> None:
+        shown = await until(pilot, app, "completed")
+        roster, tree = app.query_one("#roster", DataTable), app.query_one("#tasks", DataTable)
+        whole(roster)
+        whole(tree)
+        assert [str(c.label) for c in roster.columns.values()] == [
+            "agent", "presence", "state", "task", "prog", "seen", "unread", "does"]  # fmt: skip
+        assert [str(c.label) for c in tree.columns.values()] == ["task", "status", "assignee"]
+        assert tree.get_row("task:T-1")[1:] == ["pending", "writer"]
+        assert tree.get_row("task:T-2")[1:] == ["completed", "analyst"]
+        assert roster.get_row("agent:analyst")[2:5] == ["completed", "T-2", "████"]
+        header = next(line for line in shown.splitlines() if "presence" in line)
+        assert header.split() == ["agent", "presence", "state", "task", "prog", "seen",
+                                  "unread", "does"]  # fmt: skip
+        assert re.search(r"T-2 Check the numbers\s+completed\s+analyst", shown), shown
+
+    drive(home, (80, 24), body)
+
+
+def test_from_120_columns_the_layout_widens(home: Path) -> None:
+    """Grown from 80 to 120x40: wider names, tasks and descriptions, a 10-cell progress
+    bar, and the time each task finished."""
+    finished_work(home)
+
+    async def body(app: Dashboard, pilot: Pilot[None]) -> None:
+        await until(pilot, app, "completed")
+        narrow = dict(app._layout.roster)
+        await pilot.resize_terminal(120, 40)
+        shown = await until(pilot, app, "progress")
+        roster, tree = app.query_one("#roster", DataTable), app.query_one("#tasks", DataTable)
+        whole(roster)
+        whole(tree)
+        wide = {str(c.label): c.width for c in roster.columns.values()}
+        assert wide["does"] > narrow["does"] and wide["task"] > narrow["task"]
+        assert wide["agent"] > narrow["agent"] and wide["progress"] == 10
+        assert roster.get_row("agent:analyst")[4] == "█" * 10
+        assert [str(c.label) for c in tree.columns.values()][-1] == "done"
+        assert re.search(r"T-2 Check the numbers\s+completed\s+analyst\s+\d\d:\d\d", shown)
+
+    drive(home, (80, 24), body)
+
+
+def test_without_a_lead_the_roster_shows_each_members_task(home: Path) -> None:
+    """No lead has run: state, task and progress come from the team's task log (the
+    analyst completed T-2, the writer has T-1 pending), presence from presence."""
+    finished_work(home)
+
+    async def body(app: Dashboard, pilot: Pilot[None]) -> None:
+        shown = await until(pilot, app, "completed")
+        assert re.search(r"analyst\s+\w+\s+completed\s+T-2\s+████", shown), shown
+        assert re.search(r"writer\s+working\s+pending\s+T-1\s+░░░░", shown), shown
+
+    drive(home, (80, 24), body)
+
+
+def test_the_leads_record_wins_when_it_heard_later() -> None:
+    """A status the lead recorded after the task last changed is shown; an older one is
+    not."""
+    task = Task("T-1", "d", "lead", "w", None, "normal", "active", "", "2025-01-01T00:00:00Z",
+                "2025-01-01T00:00:05Z", "m")  # fmt: skip
+    later = AgentProgress("w", "blocked", "T-1", 0.5, last_seen="2025-01-01T00:00:09Z")
+    earlier = AgentProgress("w", "working", "T-0", 0.1, last_seen="2025-01-01T00:00:01Z")
+    assert doing(task, later, {}) == ("blocked", "T-1", 0.5)
+    assert doing(task, earlier, {}) == ("active", "T-1", None)
+    assert doing(None, None, {}) == ("", "", None)
+
+
+def test_a_folded_conversation_says_how_to_unfold_it(home: Path) -> None:
+    """With internal messages folded, a line under the conversation says how many and
+    that i shows them; unfolded, it goes."""
+    studio(home)
+    hint = "2 internal messages folded: press i to show"
+
+    async def body(app: Dashboard, pilot: Pilot[None]) -> None:
+        await until(pilot, app, hint)
+        await pilot.press("i")
+        assert hint not in await until(pilot, app, "which numbers?")
+
+    drive(home, (120, 30), body)
+    assert layout_for(80).tasks_pane + 20 <= 80  # the hint's pane keeps some width at 80
