@@ -5,6 +5,7 @@ Examples::
     python -m bench                       # the full run (several minutes)
     python -m bench --quick --json r.json # about a minute
     python -m bench --smoke               # seconds; what the test suite runs
+    python -m bench --page docs/performance.md  # also rewrite the page's tables
     python -m bench --only ask --peer-venv /tmp/am --make-peer-venv  # with MCP Agent Mail
 """
 
@@ -47,6 +48,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=DEFAULT_OUT,
         metavar="DIR",
         help=f"directory for plots and report.md (default {DEFAULT_OUT})",
+    )
+    p.add_argument(
+        "--page",
+        type=Path,
+        metavar="FILE",
+        help="also write the report into FILE (docs/performance.md), between its bench: markers",
     )
     p.add_argument("--only", metavar="NAMES", help=f"comma-separated subset of {SECTIONS}")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -95,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     sizes = SIZES[mode]
+    if args.page is not None and (problem := report.page_problem(args.page)):
+        print(problem, file=sys.stderr)  # before the run, not after minutes of it
+        return 2
     if args.make_peer_venv and args.peer_venv is None:
         print("--make-peer-venv needs --peer-venv PATH: where to make it", file=sys.stderr)
         return 2
@@ -125,7 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     plots = "plots skipped (--no-plots)" if args.no_plots else report.plots(secs, args.out)
     meta["plots"] = plots
-    (args.out / "report.md").write_text(report.markdown(secs, tgts, meta), encoding="utf-8")
+    markdown = report.markdown(secs, tgts, meta)
+    (args.out / "report.md").write_text(markdown, encoding="utf-8")
+    if args.page is not None:
+        report.write_page(args.page, markdown)
+        log(f"tables written into {args.page}")
     doc = report.to_json(secs, tgts, meta)
     if args.json:
         args.json.write_bytes(

@@ -645,6 +645,32 @@ def markdown(secs: Sections, tgts: list[Target], meta: dict[str, Any]) -> str:
     return "\n".join(parts) + "\n"
 
 
+#: The lines between which ``--page`` writes the report into a documentation page; the
+#: page's prose outside them is a person's, and is kept.
+PAGE_BEGIN = "<!-- bench: begin"
+PAGE_END = "<!-- bench: end -->"
+
+
+def page_problem(page: Path) -> str | None:
+    """Why ``page`` cannot take the report (checked before the run), or None."""
+    try:
+        text = page.read_text(encoding="utf-8")
+    except OSError as exc:
+        return f"--page {page}: cannot read it ({exc.strerror})"
+    begin, end = text.find(PAGE_BEGIN), text.find(PAGE_END)
+    if begin < 0 or end < begin:
+        return f"--page {page}: no '{PAGE_BEGIN} ...' line, then '{PAGE_END}', to write between"
+    return None
+
+
+def write_page(page: Path, report: str) -> None:
+    """Put ``report`` (``markdown()``'s text) between the page's markers, keeping the rest."""
+    text = page.read_text(encoding="utf-8")
+    begin = text.index("\n", text.index(PAGE_BEGIN)) + 1
+    end = text.index(PAGE_END, begin)
+    page.write_text(text[:begin] + "\n" + report + "\n" + text[end:], encoding="utf-8")
+
+
 def machine_line(meta: dict[str, Any]) -> str:
     """One sentence naming the machine and the versions of the run."""
     m = meta.get("machine", {})

@@ -78,8 +78,21 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp / "bench.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RALPH_")}
     env["RALPH_HOME"] = str(tmp / "home")
+    page = tmp / "performance.md"
+    page.write_text((ROOT / "docs" / "performance.md").read_text())
     proc = subprocess.run(
-        [sys.executable, "-m", "bench", "--smoke", "--json", str(out), "--out", str(tmp / "out")],
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--smoke",
+            "--json",
+            str(out),
+            "--out",
+            str(tmp / "out"),
+            "--page",
+            str(page),
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -90,6 +103,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     assert (tmp / "out" / "report.md").is_file()
     assert not (tmp / "home").exists(), "the bench wrote into RALPH_HOME instead of its scratch"
     data: dict[str, Any] = json.loads(out.read_text())
+    data["page"] = page.read_text()
     return data
 
 
@@ -135,6 +149,30 @@ def test_a_peer_venv_without_the_peer_is_refused_in_one_line(tmp_path: Path) -> 
     assert done.stderr == "--make-peer-venv needs --peer-venv PATH: where to make it\n"
 
 
+def test_the_page_gets_the_report_between_its_markers(report: dict[str, Any]) -> None:
+    """--page rewrites the tables of docs/performance.md and keeps the prose around them."""
+    before = (ROOT / "docs" / "performance.md").read_text()
+    prose, _, rest = before.partition("<!-- bench: begin")
+    after = report["page"]
+    assert after.startswith(prose)
+    assert after.endswith(rest.split("<!-- bench: end -->", 1)[1])
+    assert "Mode `smoke`" in after and "### Targets" in after
+    assert after.count("<!-- bench: begin") == after.count("<!-- bench: end -->") == 1
+
+
+def test_a_page_without_markers_is_refused_before_the_run(tmp_path: Path) -> None:
+    """--page FILE without the markers: exit 2 at once, one line naming the file."""
+    page = tmp_path / "page.md"
+    page.write_text("# no markers\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--only", "send", "--page", str(page)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"--page {page}: no ") and done.stderr.count("\n") == 1
+    assert page.read_text() == "# no markers\n"
+
+
 def test_writers_left_exactly_every_message(report: dict[str, Any]) -> None:
     """After the many-writers runs every inbox held exactly the lines sent, all parseable."""
     for row in report["sections"]["writers"]["rows"]:
@@ -153,7 +191,7 @@ def test_every_target_is_reported(report: dict[str, Any]) -> None:
 
 
 def test_hold_time_experiment_runs() -> None:
-    """bench/hold_time.py (cited in the README) runs and prints one row per hold time."""
+    """bench/hold_time.py (cited in docs/performance.md) runs and prints one row per hold time."""
     root = Path(__file__).resolve().parent.parent
     done = subprocess.run(
         [sys.executable, str(root / "bench" / "hold_time.py"), "--smoke"],

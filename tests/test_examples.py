@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from protocol_helpers import (  # noqa: F401
     BOUND_S,
     REPO,
@@ -27,7 +26,7 @@ def check_team_run(child_output: str) -> None:
 
 
 def run_example(command: str, tmp_path: Path, children: Children) -> str:
-    """Run ``command`` as the README shows it (from the clone, the venv first on PATH)."""
+    """Run ``command`` as docs/lead.md shows it (from the clone, the venv first on PATH)."""
     env = ralph_env(tmp_path / "unused-home", TMPDIR=str(tmp_path))
     run = children.start(["bash", "-c", command], env, cwd=REPO)
     assert run.finish(timeout=BOUND_S) == 0, run.output + run.stderr_text()
@@ -46,12 +45,12 @@ def test_python_team_example(tmp_path: Path, children: Children) -> None:
     check_team_run(run_example("python examples/python_team/run.py", tmp_path, children))
 
 
-def test_readme_shows_exactly_these_example_commands() -> None:
-    """The README's example commands are the ones run here (once its sections are merged)."""
-    readme = (REPO / "README.md").read_text()
-    if "examples/shell_team/run.sh" not in readme:
-        pytest.skip("the README's protocols section is not merged yet")
-    assert "bash examples/shell_team/run.sh\npython examples/python_team/run.py\n" in readme
+def test_docs_show_exactly_these_example_commands() -> None:
+    """The example commands of docs/lead.md are the ones run here."""
+    page = (REPO / "docs" / "lead.md").read_text()
+    assert "bash examples/shell_team/run.sh\npython examples/python_team/run.py\n" in page
+    assert "bash examples/conversation/run.sh\npython examples/conversation/team.py\n" in page
+    assert "bash examples/llm_team/run.sh\n" in page
 
 
 def test_conversation_examples(tmp_path: Path, children: Children) -> None:
