@@ -19,6 +19,7 @@ import argparse
 import inspect
 import math
 import os
+import re
 import sys
 import textwrap
 import typing
@@ -98,8 +99,25 @@ def confirm(question: str) -> bool:
     return sys.stdin.readline().strip().lower() in ("y", "yes")
 
 
+def close_match(word: str, choices: Sequence[str]) -> str | None:
+    """The choice ``word`` most likely misspells, if one is close enough."""
+    import difflib
+
+    found = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> typing.NoReturn:
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):  # a mistyped option: name the one it misspells
+            for word in message[len(prefix) :].split():
+                option = word.partition("=")[0]
+                known = [o for o in self._option_string_actions if o.startswith("--")]
+                match = close_match(option, known) if option.startswith("--") else None
+                if match:
+                    message = f"unknown option {option!r}: did you mean {match}?"
+                    break
         raise UsageError(message, self.prog)
 
 
@@ -188,12 +206,12 @@ def add_arguments(parser: argparse.ArgumentParser, fn: Callable[..., Any]) -> No
         if isinstance(marker, Argument):
             nargs = "*" if many else ("?" if param.default is not inspect.Parameter.empty else None)
             parser.add_argument(
-                name, nargs=nargs, default=default, help=marker.help,
+                name, nargs=nargs, default=default, help=with_default(marker.help, default),
                 metavar=marker.metavar or name.upper(),
             )  # fmt: skip
             continue
         assert isinstance(marker, Option), f"{fn.__name__}({name}) needs Option or Argument"
-        help_text = marker.help
+        help_text = marker.help if kind is bool else with_default(marker.help, default)
         if marker.envvar:
             help_text += f" [env: {marker.envvar}]"
             env = os.environ.get(marker.envvar)
@@ -220,16 +238,39 @@ def add_arguments(parser: argparse.ArgumentParser, fn: Callable[..., Any]) -> No
             )  # fmt: skip
 
 
+def with_default(help_text: str, default: Any) -> str:
+    """``help_text`` ending with ``[default: X]`` when there is a real default (not None,
+    not empty) and the text does not already say its own."""
+    if default is None or default == "" or default == [] or "[default" in help_text:
+        return help_text
+    shown = f"{default:g}" if isinstance(default, float) else str(default)
+    return f"{help_text} [default: {shown}]".lstrip()
+
+
 def group_help(group: Group, path: str) -> str:
     """The help of a group: its text, then its commands, one line each."""
     lines = [f"usage: {path} COMMAND [ARGS]...", "", _strip_b(group.help), "", "commands:"]
-    entries = [(name, _strip_b(sub.help).split("\n")[0]) for name, sub in group.groups.items()]
-    entries += [(name, _help_text(fn).split("\n")[0]) for name, fn in group.commands.items()]
+    entries = [(name, summary(_strip_b(sub.help))) for name, sub in group.groups.items()]
+    entries += [(name, summary(_help_text(fn))) for name, fn in group.commands.items()]
     for name, first in sorted(entries):
-        lines.append(f"  {name:<10}  {first}")
+        # a summary too long for one line goes on under itself, never cut
+        lines += textwrap.wrap(
+            first, 100, initial_indent=f"  {name:<10}  ", subsequent_indent=" " * 14
+        )
     lines.append("")
     lines.append(f"Run '{path} COMMAND --help' for a command's options and an example.")
     return "\n".join(lines) + "\n"
+
+
+_SENTENCE = re.compile(r"(.*?[.!?])(?=\s|$)", re.S)
+
+
+def summary(text: str) -> str:
+    """The one-line summary of a help ``text``: the first sentence of its first
+    paragraph, whole (a docstring's first line may stop mid-sentence)."""
+    paragraph = " ".join(text.strip().split("\n\n")[0].split())
+    found = _SENTENCE.match(paragraph)
+    return found.group(1) if found else paragraph
 
 
 def _strip_b(text: str) -> str:
@@ -260,8 +301,13 @@ def run(root: Group, args: Sequence[str], prog: str = "ralph-mail") -> int:
         return 0 if word else 2  # a bare group: its help, as a usage error
     fn = group.commands.get(word)
     if fn is None:
-        known = ", ".join(sorted([*group.commands, *group.groups]))
-        raise UsageError(f"no command {word!r} (commands: {known})", " ".join(path))
+        names = sorted([*group.commands, *group.groups])
+        match = close_match(word, names)
+        if match:
+            message = f"unknown command {word!r}: did you mean {match!r}?"
+        else:
+            message = f"no command {word!r} (commands: {', '.join(names)})"
+        raise UsageError(message, " ".join(path))
     path.append(word)
     parser = build_parser(fn, " ".join(path))
     try:

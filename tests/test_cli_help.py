@@ -1,0 +1,102 @@
+"""The command line's help and its answers to slips: whole summaries, defaults shown,
+"did you mean" for a mistyped command or option."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from conftest import ralph
+
+from ralph_mail import Team
+
+ME = ("--team", "demo", "--agent", "worker-1")
+
+
+def summaries(text: str) -> dict[str, str]:
+    """The commands of a group's help and their summaries, continuation lines joined."""
+    found: dict[str, str] = {}
+    name = ""
+    for line in text.split("commands:\n", 1)[1].split("\n\n", 1)[0].splitlines():
+        if line.startswith("  ") and not line.startswith(" " * 14):
+            name, _, first = line.strip().partition("  ")
+            found[name] = first.strip()
+        else:
+            found[name] += " " + line.strip()
+    return found
+
+
+@pytest.mark.parametrize("group", [(), ("team",), ("channel",), ("policy",), ("task",)])
+def test_each_summary_is_the_docstrings_first_sentence_whole(
+    home: Path, group: tuple[str, ...]
+) -> None:
+    """A group's --help lists each command with the first sentence of its help, whole:
+    it ends a sentence, and it is that sentence, not its first line."""
+    from ralph_mail.cli.app import full_app
+    from ralph_mail.cli.command import _help_text, _strip_b
+
+    out = ralph(home, *group, "--help")
+    assert out.returncode == 0
+    listed = summaries(out.stdout.decode())
+    node = full_app()
+    for name in group:
+        node = node.groups[name]
+    helps = {name: _help_text(fn) for name, fn in node.commands.items()}
+    helps |= {name: _strip_b(sub.help) for name, sub in node.groups.items()}
+    assert listed.keys() == helps.keys()
+    for name, first in listed.items():
+        assert re.search(r"[.!?]$", first), (name, first)
+        assert " ".join(helps[name].split()).startswith(first), (name, first)
+        assert "." not in first[:-1].replace("...", "").replace(".jsonl", ""), (name, first)
+
+
+@pytest.mark.parametrize(
+    "command, shown",
+    [
+        (("tail",), "How many messages. [default: 10]"),
+        (("ask",), "[default: 120]"),
+        (("send",), "[default: text]"),
+        (("run",), "[default: 4]"),
+    ],
+)
+def test_an_options_default_is_in_its_help(
+    home: Path, command: tuple[str, ...], shown: str
+) -> None:
+    """An option with a real default says it; flags and options without one do not."""
+    text = " ".join(ralph(home, *command, "--help").stdout.decode().split())
+    assert shown in text
+    assert "[default: False]" not in text and "[default: None]" not in text
+
+
+def test_every_default_in_every_help_is_real() -> None:
+    """No help says a default of None, False or an empty value."""
+    from ralph_mail.cli.app import full_app
+    from ralph_mail.cli.command import build_parser, paths
+
+    app = full_app()
+    for path in paths(app):
+        node = app
+        for name in path[:-1]:
+            node = node.groups[name]
+        text = build_parser(node.commands[path[-1]], " ".join(path)).format_help()
+        for bad in ("[default: None]", "[default: False]", "[default: ]", "[default: []]"):
+            assert bad not in " ".join(text.split()), path
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (("sned", "lead", "x"), "unknown command 'sned': did you mean 'send'?"),
+        (("team", "creat", "x"), "unknown command 'creat': did you mean 'create'?"),
+        (("tail", "--agnet", "worker-1"), "unknown option '--agnet': did you mean --agent?"),
+        (("tail", "--agnet=worker-1"), "unknown option '--agnet': did you mean --agent?"),
+    ],
+)
+def test_a_slip_is_one_line_naming_what_was_meant(
+    team: Team, args: tuple[str, ...], line: str
+) -> None:
+    """A mistyped command or option: exit 2, one line saying what it likely meant."""
+    out = ralph(team.home, *args)
+    assert out.returncode == 2 and out.stdout == b""
+    assert out.stderr.count(b"\n") == 1 and line.encode() in out.stderr, out.stderr
