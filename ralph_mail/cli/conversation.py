@@ -185,7 +185,7 @@ def thread(
     """
 
     def action() -> None:
-        bus = identity(home, team, agent).bus()
+        bus = identity(home, team, agent).viewer()
         try:
             found = bus.thread(thread_id)
         finally:
@@ -440,7 +440,8 @@ def agents(
     agent: Agent = None,
     json: JsonRecords = False,
 ) -> None:
-    """List my teammates: description, role, manager, mode, presence, last seen.
+    """List my teammates (with no --agent: the whole team): description, role, manager,
+    mode, presence, last seen.
 
     \b
     Example:
@@ -448,9 +449,10 @@ def agents(
     """
 
     def action() -> None:
-        bus = identity(home, team, agent).bus()
-        try:
-            found = bus.agents(include_self=everyone)
+        who = identity(home, team, agent)
+        bus = who.viewer()
+        try:  # no identity: no "me" to leave out, so the whole team
+            found = bus.agents(include_self=everyone or who.anonymous())
         finally:
             bus.close()
         if json:
@@ -495,7 +497,8 @@ def presence(
     """
 
     def action() -> None:
-        bus = identity(home, team, agent).bus()
+        who = identity(home, team, agent)
+        bus = who.bus() if state is not None else who.viewer()
         try:
             if state is not None:
                 bus.set_presence(state, until)

@@ -358,7 +358,10 @@ def wait(
 @app.command("tail")
 def tail(
     inbox: Annotated[
-        str | None, Argument(help="Whose inbox [default: mine].", metavar="AGENT")
+        str | None,
+        Argument(
+            help="Whose inbox [default: mine; with no --agent, every inbox].", metavar="AGENT"
+        ),
     ] = None,
     lines: Annotated[int, Option("-n", "--lines", help="How many messages.")] = 10,
     follow: Annotated[bool, Option("-f", "--follow", help="Then print new ones.")] = False,
@@ -393,7 +396,9 @@ def tail(
             raise MailError(f"invalid -n {lines}: give a count >= 0")
         who = identity(home, team, agent)
         team_name = who.need_team()
-        agents = list(load_team(team_name, home).names) if everyone else [inbox or who.need_agent()]
+        # no AGENT and no identity: every inbox, as --all
+        whole = everyone or (inbox is None and who.anonymous())
+        agents = list(load_team(team_name, home).names) if whole else [inbox or who.need_agent()]
         view = History(team_name, agents, home)
         show = _user_facing if visible else list
         try:

@@ -53,6 +53,22 @@ class Identity:
 
         return MessageBus(self.need_team(), self.need_agent(), self.home)
 
+    def anonymous(self) -> bool:
+        """No agent given: a read-only view then shows the whole team."""
+        return not (self.agent or os.environ.get("RALPH_AGENT"))
+
+    def viewer(self) -> MessageBus:
+        """A bus for a read-only view (`thread`, `presence`, `agents`): mine, or with no
+        agent given the team's lead's. A view writes nothing and shows what the team's
+        files hold for anyone who can read them, so it needs no identity."""
+        if not self.anonymous():
+            return self.bus()
+        from ralph_mail.bus import MessageBus
+        from ralph_mail.team import load_team
+
+        roster = load_team(self.need_team(), self.home)
+        return MessageBus(roster.name, roster.lead, self.home)
+
     def lead(self, act: str) -> MessageBus:
         """The lead's bus, for a governance act (DESIGN §9.3a): `PermissionDenied` from
         any other identity, and from none."""

@@ -1,5 +1,5 @@
-"""The command line's help and its answers to slips: whole summaries, defaults shown,
-"did you mean" for a mistyped command or option."""
+"""The command line's last mile: whole summaries and defaults in its help, "did you mean"
+for a slip, header rows on a terminal only, and read-only views that need no --agent."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ralph
+from test_cli_output import on_terminal
 
 from ralph_mail import Team
 
@@ -100,3 +101,65 @@ def test_a_slip_is_one_line_naming_what_was_meant(
     out = ralph(team.home, *args)
     assert out.returncode == 2 and out.stdout == b""
     assert out.stderr.count(b"\n") == 1 and line.encode() in out.stderr, out.stderr
+
+
+def files(home: Path) -> list[tuple[Path, int, int]]:
+    return sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in home.rglob("*"))
+
+
+@pytest.mark.parametrize(
+    "args, first",
+    [
+        (("agents",), "lead\t"),
+        (("presence",), "lead\t"),
+        (("tail",), ""),
+        (("tasks",), ""),
+        (("thread", "3f2a9c1d4b5e"), ""),
+    ],
+)
+def test_read_only_views_need_no_agent(team: Team, args: tuple[str, ...], first: str) -> None:
+    """thread, presence, tail, tasks and agents work with a team and no --agent (agents
+    then lists the whole team, tail every inbox); they write nothing."""
+    ralph(team.home, "send", "lead", "hello", *ME)
+    ralph(team.home, "thread", "3f2a9c1d4b5e", *ME)  # its (empty) index exists already
+    before = files(team.home)
+    out = ralph(team.home, *args, "--team", "demo")
+    assert out.returncode == 0 and out.stderr == b"", out.stderr
+    assert out.stdout.decode().startswith(first)
+    if args == ("agents",):
+        assert [line.split("\t")[0] for line in out.stdout.decode().splitlines()] == [
+            "lead", "worker-1", "worker-2"
+        ]  # fmt: skip
+    if args == ("tail",):
+        assert b"hello" in out.stdout
+    assert files(team.home) == before
+
+
+def test_agents_with_an_identity_still_leaves_me_out(team: Team) -> None:
+    """With --agent, agents lists my teammates, not me."""
+    out = ralph(team.home, "agents", *ME)
+    assert [line.split("\t")[0] for line in out.stdout.decode().splitlines()] == [
+        "lead", "worker-2"
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args, header",
+    [
+        (("agents",), b"last seen"),
+        (("presence",), b"last seen"),
+        (("team", "show", "demo"), b"description"),
+        (("policy", "show"), b"permission"),
+    ],
+)
+def test_listings_have_a_header_row_on_a_terminal_only(
+    team: Team, args: tuple[str, ...], header: bytes
+) -> None:
+    """A table has its header row on a terminal; piped it is tab-separated rows alone,
+    for scripts, and --json has records alone."""
+    if args[0] == "policy":
+        ralph(team.home, "policy", "allow", "worker-1", "worker-2", "--team", "demo",
+              "--agent", "lead")  # fmt: skip
+    assert header in on_terminal(team.home, *args)
+    piped = ralph(team.home, *args, RALPH_TEAM="demo", RALPH_AGENT="lead")
+    assert piped.returncode == 0 and header not in piped.stdout and b"\t" in piped.stdout
