@@ -163,3 +163,18 @@ def test_listings_have_a_header_row_on_a_terminal_only(
     assert header in on_terminal(team.home, *args)
     piped = ralph(team.home, *args, RALPH_TEAM="demo", RALPH_AGENT="lead")
     assert piped.returncode == 0 and header not in piped.stdout and b"\t" in piped.stdout
+
+
+def test_policy_remove_drops_one_rule_as_the_lead(team: Team) -> None:
+    """policy remove FROM TO drops that pair's rule, keeps the others; a missing rule is
+    one line, exit 2; anyone but the lead is refused, exit 4, nothing changed."""
+    lead = ("--team", "demo", "--agent", "lead")
+    ralph(team.home, "policy", "deny", "*", "worker-2", *lead)
+    ralph(team.home, "policy", "allow", "worker-1", "*", "--approval", *lead)
+    assert ralph(team.home, "policy", "remove", "worker-1", "*", *ME).returncode == 4
+    assert ralph(team.home, "policy", "remove", "worker-1", "*", *lead).returncode == 0
+    shown = ralph(team.home, "policy", "show", "--json", "--team", "demo").stdout
+    assert b'"worker-2"' in shown and b'"worker-1"' not in shown
+    again = ralph(team.home, "policy", "remove", "worker-1", "*", *lead)
+    assert again.returncode == 2 and again.stderr.count(b"\n") == 1
+    assert b"no rule from worker-1 to *" in again.stderr

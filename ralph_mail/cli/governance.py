@@ -135,6 +135,35 @@ def policy_deny(
     _rule("deny", sender, target, False, home, team, agent)
 
 
+@policy_app.command("remove")
+def policy_remove(
+    sender: Party, target: Party, home: Home = None, team: TeamName = None, agent: Agent = None
+) -> None:
+    """Remove the rule for FROM and TO (the pair is then as if never named); the lead's
+    to do.
+
+    \b
+    Example:
+      ralph-mail policy remove intern '*' --team demo --agent lead
+    """
+
+    def action() -> None:
+        from ralph_mail.errors import InvalidMessage
+        from ralph_mail.govern.policy import Policy
+
+        pair = (_party(sender), _party(target))
+
+        def without(current: Policy) -> Policy:
+            kept = tuple(r for r in current.rules if (r.sender, r.target) != pair)
+            if len(kept) == len(current.rules):
+                raise InvalidMessage(f"no rule from {pair[0]} to {pair[1]}: nothing removed")
+            return Policy(kept, dict(current.rates))
+
+        _edit(home, team, agent, without)
+
+    command(action)
+
+
 @policy_app.command("rate")
 def policy_rate(
     sender: Party,
