@@ -168,6 +168,19 @@ def test_mention_parsing_and_the_pause_between_answers() -> None:
     assert delay_of("0" * 12, "a", 0) == 0.0
 
 
+def test_mentions_match_names_regardless_of_case() -> None:
+    """@Writer mentions writer; @ALL everyone; where two members differ only in case the
+    exact name wins and a spelling that matches neither exactly is refused."""
+    from ralph_mail.talk.channels import Channel
+
+    channel = Channel("x", ("lead", "writer", "Bob", "bob"))
+    assert mentions("@Writer, then @WRITER.", channel, "lead") == ["writer"]
+    assert mentions("@ALL", channel, "writer") == ["lead", "Bob", "bob"]
+    assert mentions("@Bob and @bob", channel, "lead") == ["Bob", "bob"]
+    with pytest.raises(InvalidMessage, match="@BOB is not a member"):
+        mentions("@BOB", channel, "lead")
+
+
 def test_channel_commands(team: object, home: Path) -> None:
     """The CLI: create, list, post (prints the id), read (exit 1 when nothing new),
     history --json, pass, join/leave; bad input is one line and exit 2."""

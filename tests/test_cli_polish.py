@@ -178,3 +178,42 @@ def test_policy_remove_drops_one_rule_as_the_lead(team: Team) -> None:
     again = ralph(team.home, "policy", "remove", "worker-1", "*", *lead)
     assert again.returncode == 2 and again.stderr.count(b"\n") == 1
     assert b"no rule from worker-1 to *" in again.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("send", "worker-1", ""),
+        ("broadcast", ""),
+        ("ask", "worker-1", "", "--timeout", "0"),
+        ("delegate", "worker-1", ""),
+        ("channel", "post", "room", ""),
+    ],
+)
+def test_an_empty_body_is_refused_in_one_line(team: Team, args: tuple[str, ...]) -> None:
+    """An empty message (an argument or a pipe with nothing in it): exit 2, one line,
+    nothing written."""
+    me = ("--team", "demo", "--agent", "lead")
+    assert (
+        ralph(team.home, "channel", "create", "room", "--member", "worker-1", *me).returncode == 0
+    )
+    sizes = [team.store.size(name) for name in team.names]
+    done = ralph(team.home, *args, *me)
+    assert done.returncode == 2 and done.stderr.count(b"\n") == 1, done.stderr
+    assert b"empty message" in done.stderr
+    piped = ralph(team.home, *args[:-1] if args[-1] == "" else args, *me, input=b"\n")
+    if args[-1] == "":
+        assert piped.returncode == 2 and b"empty message" in piped.stderr
+    assert [team.store.size(name) for name in team.names] == sizes
+
+
+def test_a_task_may_finish_with_an_empty_result(team: Team) -> None:
+    """`task done ID ''` is a result like any other (a command that printed nothing)."""
+    from ralph_mail import MessageBus
+
+    MessageBus("demo", "worker-1", team.home).set_presence("idle")  # online: may be given work
+    me = ("--team", "demo")
+    made = ralph(team.home, "delegate", "worker-1", "tidy up", *me, "--agent", "lead")
+    task_id = made.stdout.decode().split()[0]
+    done = ralph(team.home, "task", "done", task_id, "", *me, "--agent", "worker-1")
+    assert done.returncode == 0, done.stderr

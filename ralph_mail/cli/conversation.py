@@ -342,7 +342,7 @@ def _finish(task_id: str, text: str | None, status: str, identity_: Identity) ->
         if status == "active":
             bus.start(task_id)
         else:
-            body = read_body(text, settings.max_message_bytes())
+            body = read_body(text, settings.max_message_bytes(), empty_ok=True)
             (bus.complete if status == "completed" else bus.fail)(task_id, body)
     finally:
         bus.close()

@@ -94,7 +94,7 @@ def status(
 
     def action() -> None:
         metadata = protocols.status_metadata(state, task, progress)
-        body = read_body(text, settings.max_message_bytes())
+        body = read_body(text, settings.max_message_bytes(), empty_ok=True)
         bus = identity(home, team, agent).bus()
         try:
             message = bus.send(bus.team.lead, MessageType.STATUS_UPDATE, body, metadata)

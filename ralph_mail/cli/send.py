@@ -87,12 +87,22 @@ class Identity:
         return bus
 
 
-def read_body(content: str | None, limit: int) -> str:
+def read_body(content: str | None, limit: int, *, empty_ok: bool = False) -> str:
     """The message body: ``content``; standard input for ``-`` or when input is piped.
 
     Standard input must be UTF-8 and no larger than ``limit``; one trailing newline is
-    dropped, so ``echo hi | ralph-mail send lead`` sends ``hi``.
+    dropped, so ``echo hi | ralph-mail send lead`` sends ``hi``. An empty body is refused
+    (`InvalidMessage`) unless ``empty_ok`` (a task's result, a status may be empty).
     """
+    body = _read_body(content, limit)
+    if not body and not empty_ok:
+        raise InvalidMessage(
+            "empty message: write what to say (an argument, or a pipe to standard input)"
+        )
+    return body
+
+
+def _read_body(content: str | None, limit: int) -> str:
     if content is not None and content != "-":
         return content
     if content is None and sys.stdin.isatty():

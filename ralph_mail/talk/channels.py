@@ -108,15 +108,20 @@ def _dump(channels: dict[str, Channel]) -> bytes:
 
 def mentions(text: str, channel: Channel, poster: str) -> list[str]:
     """The members ``text`` mentions, in order, once each (``@all``: everyone but the
-    poster); `InvalidMessage` naming the members for a name that is not one."""
+    poster), a name matched regardless of case (``@Writer`` is writer; the exact name
+    wins where two members differ only in case); `InvalidMessage` naming the members
+    for a name that is not one."""
     found: list[str] = []
+    folded: dict[str, list[str]] = {}
+    for member in channel.members:
+        folded.setdefault(member.casefold(), []).append(member)
     for match in _MENTION.finditer(text):
-        name = match.group(1)
-        if name not in channel.members and name != "all":
-            name = name.rstrip(".-")  # the end of a sentence: "... ask @writer."
+        name = _member(match.group(1), channel, folded)
+        if name is None:  # the end of a sentence: "... ask @writer."
+            name = _member(match.group(1).rstrip(".-"), channel, folded)
         if name == "all":
             wanted = [m for m in channel.members if m != poster]
-        elif name in channel.members:
+        elif name is not None:
             wanted = [name] if name != poster else []
         else:
             raise InvalidMessage(
@@ -126,6 +131,16 @@ def mentions(text: str, channel: Channel, poster: str) -> list[str]:
             )
         found += [m for m in wanted if m not in found]
     return found
+
+
+def _member(name: str, channel: Channel, folded: dict[str, list[str]]) -> str | None:
+    """The member ``name`` means (or "all"), or None."""
+    if name in channel.members:
+        return name
+    if name.casefold() == "all":
+        return "all"
+    same = folded.get(name.casefold(), [])
+    return same[0] if len(same) == 1 else None
 
 
 def delay_of(post_id: str, agent: str, most: int) -> float:
