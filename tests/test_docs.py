@@ -12,27 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import BOUND_S, cli_env
+from conftest import BOUND_S
+from markdown_examples import blocks, console_commands, run_console, run_python
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PAGES = sorted(p.name for p in DOCS.glob("*.md"))
-
-
-def blocks(text: str, language: str) -> list[str]:
-    """The fenced code blocks of ``text`` in ``language``, in order."""
-    return re.findall(rf"^```{language}\n(.*?)^```", text, flags=re.S | re.M)
-
-
-def console_commands(text: str) -> list[tuple[str, int]]:
-    """Every ``$ command`` of the console blocks, with its expected exit code."""
-    commands = []
-    for block in blocks(text, "console"):
-        for line in block.splitlines():
-            if line.startswith("$ "):
-                command, _, expect = line[2:].partition("  # exit ")
-                commands.append((command, int(expect or 0)))
-    return commands
 
 
 def page(name: str) -> str:
@@ -49,38 +34,13 @@ PYTHON_EXAMPLES = [
 def test_console_commands_of_each_page_run_in_order(tmp_path: Path, name: str) -> None:
     """Every console command of a page exits as documented, with no traceback, in a home
     of its own (a page that needs a team makes it first)."""
-    script = []
-    for number, (command, expect) in enumerate(console_commands(page(name))):
-        script.append(command)
-        script.append(
-            f'rc=$?; if [ $rc -ne {expect} ]; then echo "command {number} exited $rc, '
-            f'not {expect}: {command!r}" >&2; exit 99; fi'
-        )
-    env = cli_env(tmp_path / "home")
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    done = subprocess.run(
-        ["bash", "-c", "\n".join(script)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        timeout=BOUND_S * 4,
-        stdin=subprocess.DEVNULL,
-    )
-    assert done.returncode == 0, done.stderr.decode()
-    assert b"Traceback" not in done.stderr
+    run_console(page(name), tmp_path)
 
 
 @pytest.mark.parametrize(("name", "number"), PYTHON_EXAMPLES)
 def test_python_examples_of_each_page_run(tmp_path: Path, name: str, number: int) -> None:
     """Each Python example of a page runs to completion in a fresh home."""
-    done = subprocess.run(
-        [sys.executable, "-c", blocks(page(name), "python")[number]],
-        cwd=tmp_path,
-        env=cli_env(tmp_path / "home"),
-        capture_output=True,
-        timeout=BOUND_S,
-    )
-    assert done.returncode == 0, done.stderr.decode()
+    run_python(blocks(page(name), "python")[number], tmp_path)
 
 
 def test_the_pages_run_examples() -> None:

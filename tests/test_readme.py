@@ -2,70 +2,26 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import BOUND_S, cli_env
+from markdown_examples import blocks, console_commands, run_console, run_python
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 
 
-def blocks(language: str) -> list[str]:
-    """The fenced code blocks of the README in ``language``, in order."""
-    return re.findall(rf"^```{language}\n(.*?)^```", README, flags=re.S | re.M)
-
-
-def console_commands() -> list[tuple[str, int]]:
-    """Every ``$ command`` of the console blocks, with its expected exit code."""
-    commands = []
-    for block in blocks("console"):
-        for line in block.splitlines():
-            if line.startswith("$ "):
-                command, _, expect = line[2:].partition("  # exit ")
-                commands.append((command, int(expect or 0)))
-    return commands
-
-
 def test_readme_console_commands_run_in_order(tmp_path: Path) -> None:
     """Every console command of the README exits as documented, with no traceback."""
-    script = []
-    for number, (command, expect) in enumerate(console_commands()):
-        script.append(command)
-        script.append(
-            f'rc=$?; if [ $rc -ne {expect} ]; then echo "command {number} exited $rc, '
-            f'not {expect}: {command!r}" >&2; exit 99; fi'
-        )
-    env = cli_env(tmp_path / "home")
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    done = subprocess.run(
-        ["bash", "-c", "\n".join(script)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        timeout=BOUND_S * 4,
-        stdin=subprocess.DEVNULL,
-    )
-    assert done.returncode == 0, done.stderr.decode()
-    assert b"Traceback" not in done.stderr
-    assert len(console_commands()) >= 12
+    run_console(README, tmp_path)
+    assert len(console_commands(README)) >= 12
 
 
-@pytest.mark.parametrize("number", range(len(blocks("python"))))
+@pytest.mark.parametrize("number", range(len(blocks(README, "python"))))
 def test_readme_python_examples_run(tmp_path: Path, number: int) -> None:
     """Each Python example of the README runs to completion in a fresh home."""
-    done = subprocess.run(
-        [sys.executable, "-c", blocks("python")[number]],
-        cwd=tmp_path,
-        env=cli_env(tmp_path / "home"),
-        capture_output=True,
-        timeout=BOUND_S,
-    )
-    assert done.returncode == 0, done.stderr.decode()
+    run_python(blocks(README, "python")[number], tmp_path)
 
 
 def test_quick_start_test_command_is_what_ci_runs() -> None:
