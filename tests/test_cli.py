@@ -236,3 +236,34 @@ def test_send_does_not_import_typer_rich_or_watchfiles(team: Team) -> None:
         timeout=60,
     )
     assert out.stdout.splitlines()[-1] == b"0 []"
+
+
+def test_each_command_loads_only_its_modules_and_all_of_itself() -> None:
+    """The table of command modules (ralph_mail.cli.app.MODULES) names every top-level
+    command, and loading a command's modules registers it whole (``team``'s commands
+    come from two modules) without the rest: ``send`` does not import the lead."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, json; from ralph_mail.cli.app import app_for; "
+        "from ralph_mail.cli.command import paths; "
+        "app = app_for(sys.argv[1:]); "
+        "print(json.dumps([sorted(' '.join(p) for p in paths(app)), "
+        "'ralph_mail.cli.lead' in sys.modules]))"
+    )
+
+    def registered(*args: str) -> tuple[list[str], bool]:
+        out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, timeout=60)
+        found, lead = orjson.loads(out.stdout.splitlines()[-1])
+        return found, lead
+
+    from ralph_mail.cli.app import MODULES
+
+    everything, _ = registered()
+    tops = sorted({path.split()[0] for path in everything})
+    assert tops == sorted(MODULES)
+    for top in tops:
+        mine = [path for path in registered(top)[0] if path.split()[0] == top]
+        assert mine == [path for path in everything if path.split()[0] == top], top
+    assert registered("send")[1] is False

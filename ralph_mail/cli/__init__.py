@@ -132,10 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ralph_mail.cli.completion import complete
 
             return complete()
-        import ralph_mail.bus  # noqa: F401 - what almost every command needs, orjson among it
-        from ralph_mail.cli.app import full_app, run
+        import ralph_mail.bus  # noqa: F401 - what almost every command needs
+        from ralph_mail.cli.app import app_for, run
 
-        full_app()
+        app_for(args)  # the modules of the command, imported while Ctrl-C is held
     finally:
         if _previous is not None:
             signal.signal(signal.SIGINT, _previous)

@@ -1,8 +1,9 @@
 """The root command, the options every command shares, and `run`.
 
 Commands live in modules by concern (`mail`, `protocol`, `lead`, `maintenance`) and
-register themselves on `app` when imported; `run` imports them all (each is cheap to
-import: what a command needs, it imports when it runs).
+register themselves on `app` when imported. `run` imports only the modules of the
+command it is given (`MODULES`), so a one-message command does not pay for the other
+forty; the root's help, and a word that names no command, import them all.
 """
 
 from __future__ import annotations
@@ -55,6 +56,27 @@ def command(action: Callable[[], int | None]) -> None:
         raise Exit(code)
 
 
+#: The modules that register each top-level command or group (``team`` spans two);
+#: tests/test_cli.py checks the table against a full registration.
+MODULES: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("send", "broadcast", "read", "wait", "tail"), ("mail",)),
+    "team": ("mail", "conversation"),
+    **dict.fromkeys(
+        ("ask", "reply", "history", "thread", "ack", "acks", "delegate", "task", "tasks"),
+        ("conversation",),
+    ),
+    **dict.fromkeys(("agents", "presence"), ("conversation",)),
+    **dict.fromkeys(("status", "assign", "plan", "shutdown", "demo"), ("protocol",)),
+    "lead": ("lead",),
+    **dict.fromkeys(("approvals", "approve", "deny", "policy", "search"), ("governance",)),
+    "channel": ("channels",),
+    **dict.fromkeys(("mcp", "top"), ("faces",)),
+    **dict.fromkeys(("doctor", "gc"), ("maintenance",)),
+    "run": ("responder",),
+    "completion": ("completion",),
+}
+
+
 def full_app() -> Group:
     """The app with every command registered (each command module registers on import)."""
     from ralph_mail.cli import (  # noqa: F401
@@ -70,6 +92,19 @@ def full_app() -> Group:
         responder,
     )
 
+    return app
+
+
+def app_for(args: Sequence[str]) -> Group:
+    """The app with the command ``args`` names registered: only its modules when the
+    first word is a known command, every module otherwise (help, a mistyped word)."""
+    modules = MODULES.get(args[0]) if args else None
+    if modules is None:
+        return full_app()
+    import importlib
+
+    for module in modules:
+        importlib.import_module(f"ralph_mail.cli.{module}")
     return app
 
 
@@ -101,7 +136,8 @@ def run(args: Sequence[str]) -> int:
             error_line(f"argument {shown!r} is not UTF-8: pass names and text as UTF-8")
             return EXIT_USAGE
     try:
-        return run_command(full_app(), _backend_option(list(args)))
+        args = _backend_option(list(args))
+        return run_command(app_for(args), args)
     except UsageError as exc:
         error_line(f"{exc} (see '{exc.where} --help')")
         return EXIT_USAGE
