@@ -29,21 +29,21 @@ if TYPE_CHECKING:
     from ralph_mail.talk.tasks import Task
     from ralph_mail.team import Team
 else:  # the rooms load on first use: a send from a shell loop pays for none of them
-    import importlib.util
-    import sys
 
-    def _lazy(name: str) -> object:
-        name = f"ralph_mail.{name}"
-        if name not in sys.modules:
-            spec = importlib.util.find_spec(name)
-            spec.loader = importlib.util.LazyLoader(spec.loader)
-            sys.modules[name] = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(sys.modules[name])
-        return sys.modules[name]
+    class _Room:
+        # A plain import at the first attribute read: one that fails (a Ctrl-C in it)
+        # leaves nothing half-made behind, as importlib's LazyLoader would.
+        def __init__(self, name: str) -> None:
+            self._name = f"ralph_mail.{name}"
 
-    approvals, policy, presence = map(_lazy, ("govern.approvals", "govern.policy",
+        def __getattr__(self, attribute: str) -> object:
+            from importlib import import_module
+
+            return getattr(import_module(self._name), attribute)
+
+    approvals, policy, presence = map(_Room, ("govern.approvals", "govern.policy",
                                                "govern.presence"))  # fmt: skip
-    ask, history, tasks = map(_lazy, ("talk.ask", "talk.history", "talk.tasks"))
+    ask, history, tasks = map(_Room, ("talk.ask", "talk.history", "talk.tasks"))
 
 
 class MessageBus(Mailbox):
