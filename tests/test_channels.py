@@ -182,7 +182,7 @@ def test_mentions_match_names_regardless_of_case() -> None:
 
 
 def test_channel_commands(team: object, home: Path) -> None:
-    """The CLI: create, list, post (prints the id), read (exit 1 when nothing new),
+    """The CLI: create, list, post (prints the id), read (exit 0 and no output when nothing is new),
     history --json, pass, join/leave; bad input is one line and exit 2."""
 
     def cli(*args: str, agent: str = "lead") -> subprocess.CompletedProcess[bytes]:
@@ -193,7 +193,8 @@ def test_channel_commands(team: object, home: Path) -> None:
     assert len(post_id) == 12
     read = cli("read", "ops", "--json", agent="worker-1")
     assert read.returncode == 0 and orjson.loads(read.stdout)["id"] == post_id
-    assert cli("read", "ops", agent="worker-1").returncode == 1
+    nothing_new = cli("read", "ops", agent="worker-1")  # nothing new: no output, exit 0
+    assert (nothing_new.returncode, nothing_new.stdout) == (0, b"")
     listed = ralph(home, "channel", "list", "--json", "--team", "demo")
     assert orjson.loads(listed.stdout)["members"] == ["lead", "worker-1"]
     history = ralph(home, "channel", "history", "ops", "--json", "--team", "demo")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from ralph_mail.cli import EXIT_NOTHING, say
+from ralph_mail.cli import say
 from ralph_mail.cli.app import Agent, Home, Json, JsonRecords, TeamName, app, command, identity
 from ralph_mail.cli.command import Argument, Group, Option
 from ralph_mail.cli.render import deliver, print_json_lines, print_messages, print_table, safe
@@ -95,7 +95,7 @@ def channel_list(
             say("no channels: make one with 'ralph-mail channel create NAME --member AGENT'\n")
         else:
             print_table("channels", ["channel", "members", "made by", "unread"], rows)
-        return 0 if records else EXIT_NOTHING
+        return 0  # a listing that finds nothing is no failure (see the exit codes)
 
     command(action)
 
@@ -147,7 +147,7 @@ def channel_post(
 def channel_read(
     name: Name, home: Home = None, team: TeamName = None, agent: Agent = None, json: Json = False
 ) -> None:
-    """Print and consume the posts I have not read (mine left out); exit 1 when none.
+    """Print and consume the posts I have not read (mine left out); none: no output.
 
     \b
     Example:
@@ -163,7 +163,7 @@ def channel_read(
                 bus.channel_read(name)
         finally:
             bus.close()
-        return 0 if posts else EXIT_NOTHING
+        return 0
 
     command(action)
 
@@ -220,7 +220,7 @@ def channel_history(
     agent: Agent = None,
     json: Json = False,
 ) -> None:
-    """Print the last posts of a channel, oldest first; exit 1 when it has none.
+    """Print the last posts of a channel, oldest first (none: no output).
 
     \b
     Example:
@@ -236,7 +236,7 @@ def channel_history(
         roster = load_team(identity(home, team, agent).need_team(), home)
         posts = history(roster.store, name, lines)
         print_messages(posts, json)
-        return 0 if posts else EXIT_NOTHING
+        return 0
 
     command(action)
 

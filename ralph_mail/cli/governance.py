@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Literal
 
-from ralph_mail.cli import EXIT_NOTHING, say
+from ralph_mail.cli import say
 from ralph_mail.cli.app import Agent, Home, Json, JsonRecords, TeamName, app, command, identity
 from ralph_mail.cli.command import MAX_SECONDS, Argument, Group, Option
 from ralph_mail.cli.render import print_json_lines, print_messages, print_table, safe
@@ -382,6 +382,6 @@ def search(
         finally:
             bus.close()
         print_messages(found, json)
-        return 0 if found else EXIT_NOTHING
+        return 0  # no match is an answer, not a failure (see the exit codes)
 
     command(action)
