@@ -364,8 +364,8 @@ def test_tail_visible_is_the_user_facing_timeline(crew: Team) -> None:
 
 def test_search_and_purge_from_the_command_line(crew: Team) -> None:
     """search finds sent messages, archived ones too, newest first, with filters, and
-    prints nothing and exits 0 when nothing matches; history still shows what gc archived; gc
-    --purge-before deletes archived messages for good."""
+    prints nothing and exits 0 when nothing matches; history still shows what gc
+    archived; gc --purge-before deletes archived messages for good."""
     with MessageBus("crew", "writer") as writer:
         writer.send("lead", "text", "Q4 revenue was 2.4M")
         writer.send("lead", "text", "revenue forecast for Q1")
