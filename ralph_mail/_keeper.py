@@ -1,14 +1,15 @@
-"""The keeper a command runs under on Linux (see `ralph_mail.children`).
+"""The keepers a job's command runs under on Linux (see `ralph_mail.keepers`).
 
-Run as ``python -I -S _keeper.py COMMAND [ARG...]``, or as ``--serve FD``, the server
-that forks a keeper for each job (see `serve`): standard library only, and as little of
-it as will do (a keeper of its own costs a job about 18 ms of Python start). A keeper
-makes itself a child subreaper, so every process the command starts (a daemon that left
-its session with ``setsid`` or a double fork included) stays below it; passes its three
-streams on to the command and lets go of them (the parent sees end-of-file once the
-command's tree is gone); waits for the command; then kills and reaps what is left of the
-tree, and exits with the command's status (dying of the same signal when it was killed).
-SIGTERM ends the command and its tree at once.
+Run as ``python -I -S _keeper.py --serve FD``: the server that forks a keeper for each
+job (see `serve`), so a job pays a fork, not a Python start; standard library only. It
+reads /proc to find a job's leftover processes: processes, not the team's mail, which
+only ``store/`` touches. A keeper makes itself a child subreaper, so every process the
+command starts (a daemon that left its session with ``setsid`` or a double fork
+included) stays below it; passes its three streams on to the command and lets go of them
+(the parent sees end-of-file once the command's tree is gone); waits for the command;
+then kills and reaps what is left of the tree, and exits with the command's status
+(dying of the same signal when it was killed). SIGTERM ends the command and its tree at
+once.
 """
 
 from __future__ import annotations
@@ -179,12 +180,5 @@ def serve(fd: int) -> None:
         channel.send(f"started {int(wanted['id'])} {pid}".encode())
 
 
-def main(argv: list[str]) -> None:
-    if argv[:1] == ["--serve"]:
-        serve(int(argv[1]))
-    else:
-        keep(argv, dict(os.environ))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+if __name__ == "__main__":  # python -I -S _keeper.py --serve FD (ralph_mail.keepers)
+    serve(int(sys.argv[2]))

@@ -55,8 +55,6 @@ _ANSWERS: Final = {
     MessageType.PLAN_APPROVAL: MessageType.PLAN_SUBMISSION,
     MessageType.TASK_RESULT: MessageType.TASK_ASSIGNMENT,
 }
-#: How many of a pair's last messages an ack or a protocol answer is looked for in first.
-_RECENT: Final = 64
 
 
 class Gate:
@@ -230,7 +228,7 @@ class Gate:
         if in_thread is not None:
             original = next((m for m in in_thread if m.id == answered), None)
         if original is None:
-            original = box.find(answered, (sender, to), str(envelope.get("thread", "")))
+            original = box.find(answered, (sender, to))
         if original is None or (original.from_agent, original.to_agent) != (to, sender):
             return ""
         if kind in _ANSWERS and original.type != _ANSWERS[kind]:  # type: ignore[index]

@@ -56,14 +56,13 @@ _T = TypeVar("_T")
 
 #: How often one mailbox notes its agent as active (s); see ralph_mail.govern.presence.
 _TOUCH_EVERY_S = 1.0
-#: Types that start a thread of their own, indexed under their id for `thread`; the
-#: protocol requests among them, so that the Gate finds what an answer answers.
-THREAD_STARTERS = frozenset({
-    MessageType.REQUEST, MessageType.TASK_ASSIGNMENT, MessageType.SHUTDOWN_REQUEST,
-    MessageType.PLAN_SUBMISSION,
-})  # fmt: skip
+#: Types that start a thread of their own, indexed under their id for `thread` (an index
+#: file each: only what threads answers, not every protocol message).
+THREAD_STARTERS = frozenset({MessageType.REQUEST, MessageType.TASK_ASSIGNMENT})
 #: Everything, for an index read: `indexed` returns O(what the index holds).
 ALL = 1 << 62
+#: How many of a pair's last messages `find` looks through before all of them.
+_RECENT = 64
 
 
 class Judge(Protocol):
@@ -378,16 +377,14 @@ class Mailbox(Consuming):
         found.sort(key=lambda message: message.ts)
         return found
 
-    def find(self, message_id: str, between: tuple[str, str], thread: str = "") -> Message | None:
-        """The direct message ``message_id`` between the two agents ``between`` (in its
-        thread's index when it has one, else in the pair's), or None."""
-        if thread:
-            for message in self.indexed(f"thread+{thread}", ALL):
+    def find(self, message_id: str, between: tuple[str, str]) -> Message | None:
+        """The direct message ``message_id`` between the two agents ``between`` (every
+        direct message is in its pair's index), or None."""
+        # What is answered is most often recent: the pair's last few first, all of it after.
+        for limit in (_RECENT, ALL):
+            for message in reversed(self.indexed(pair_key(*between), limit)):
                 if message.id == message_id:
                     return message
-        for message in reversed(self.indexed(pair_key(*between), ALL)):
-            if message.id == message_id:
-                return message
         return None
 
     def delivered(

@@ -17,7 +17,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable
 from itertools import accumulate, repeat
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from ralph_mail.errors import InboxBusy, InvalidMessage, LockTimeout, MailError
 from ralph_mail.message import Message, MessageType, check_type, decode_lines
@@ -47,11 +47,11 @@ class Consuming:
     _ask_local: threading.local
     _ask_waiters: list[Waiter]
 
-    def touch(self) -> bool:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # given by `Mailbox`
 
-    def _before_read(self) -> None:
-        raise NotImplementedError
+        def touch(self) -> bool: ...
+
+        def _before_read(self) -> None: ...
 
     # -- reading ------------------------------------------------------------------------
 

@@ -227,6 +227,8 @@ class Records(TeamFiles):
             raise store_error(exc, str(self.dirs.path("index", f"{key}.idx")), "write") from None
 
     def index_tail(self, key: str, count: int) -> list[tuple[str, int, int]]:
+        if key not in self._indexes and not self.dirs.path("index", f"{key}.idx").exists():
+            return []  # a look makes no file (nor keeps a descriptor): only an entry does
         try:
             fd = self._index_fd(key)
             size = os.fstat(fd).st_size
