@@ -1,0 +1,133 @@
+"""Running ralph-mail and Python as child processes: bounded, in a private home, reaped."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+#: The longest any test waits for another process; generous for a loaded 2-core machine.
+BOUND_S = 60.0
+
+
+def cli_env(home: Path, **extra: str) -> dict[str, str]:
+    """The environment for a ralph-mail subprocess using ``home``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RALPH_")}
+    env["RALPH_HOME"] = str(home)
+    env["RALPH_CHANNEL_DELAY"] = "0"
+    if os.environ.get("RALPH_BACKEND"):  # a test on another backend: its children too
+        env["RALPH_BACKEND"] = os.environ["RALPH_BACKEND"]
+    env.update(extra)
+    return env
+
+
+def ralph(
+    home: Path, *args: str, input: bytes | None = None, **env: str
+) -> subprocess.CompletedProcess[bytes]:
+    """Run ``python -m ralph_mail ARGS`` with ``home``; return the finished process."""
+    return subprocess.run(
+        [sys.executable, "-m", "ralph_mail", *args],
+        input=input if input is not None else b"",
+        capture_output=True,
+        env=cli_env(home, **env),
+        timeout=BOUND_S,
+    )
+
+
+class Processes:
+    """Starts child processes and always reaps them, even when the test fails."""
+
+    def __init__(self) -> None:
+        self.started: list[subprocess.Popen[bytes]] = []
+
+    def python(
+        self, code: str, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start ``python -c code args`` with pipes on all three streams."""
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        self.started.append(proc)
+        return proc
+
+    def reap(self) -> None:
+        for proc in self.started:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=BOUND_S)
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+
+
+def wait_until(condition: object, what: str) -> None:
+    """Poll ``condition()`` until it holds, at most BOUND_S seconds."""
+    deadline = time.monotonic() + BOUND_S
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` no longer exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def runner(
+    procs: Processes, home: Path, agent: str, script: str, *options: str, team: str = "demo"
+) -> subprocess.Popen[bytes]:
+    """``ralph-mail run --agent AGENT OPTIONS -- sh -c SCRIPT``, once it is online."""
+    env = cli_env(home, RALPH_TEAM=team)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    child = subprocess.Popen(
+        [sys.executable, "-m", "ralph_mail", "run", "--agent", agent, *options, "--",
+         "sh", "-c", script],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )  # fmt: skip
+    procs.started.append(child)
+    assert child.stderr is not None
+    line = child.stderr.readline()
+    assert line.startswith(f"ralph-mail: note: {agent} answers with sh".encode()), line
+    return child
+
+
+def ask(home: Path, to: str, question: str, *options: str) -> subprocess.CompletedProcess[bytes]:
+    """``ralph-mail ask TO QUESTION`` from the lead of team demo, bounded at 30 s."""
+    return ralph(home, "ask", to, question, "--timeout", "30", "--team", "demo", "--agent",
+                 "lead", *options)  # fmt: skip
+
+
+def on_terminal(home: Path, *args: str) -> bytes:
+    """What ``ralph-mail ARGS`` writes to a terminal (a pseudo-terminal), whole."""
+    import pty
+
+    master, slave = pty.openpty()
+    env = dict(cli_env(home, RALPH_TEAM="demo", RALPH_AGENT="lead"), TERM="xterm-256color",
+               COLUMNS="400", LINES="40")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "ralph_mail", *args], stdin=slave,
+                            stdout=slave, stderr=slave, env=env)  # fmt: skip
+    os.close(slave)
+    out = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the child is gone and its output read
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        os.close(master)
+        proc.wait(timeout=BOUND_S)
+    return out

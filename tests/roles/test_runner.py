@@ -1,0 +1,130 @@
+"""`ralph-mail run`: a command answers as an agent; real runner processes, real children."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+
+from ralph_mail import MessageBus, Team
+from tests.helpers.processes import (
+    BOUND_S,
+    Processes,
+    ask,
+    cli_env,
+    gone,
+    ralph,
+    runner,
+    wait_until,
+)
+
+#: A child that answers with what it was told: its stdin's last line and its environment.
+ECHO = 'echo "$RALPH_PATTERN from $RALPH_FROM ($RALPH_CHAIN): $(tail -n 1)"'
+
+
+def test_a_runner_answers_asks_and_delegations(team: Team, procs: Processes) -> None:
+    """The child's stdout is the reply to an ask and the result of a delegation; it gets
+    the pattern, the sender and the request; SIGTERM stops the runner, exit 0."""
+    child = runner(procs, team.home, "worker-1", ECHO)
+    done = ask(team.home, "worker-1", "what is 6x7?")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == b"ask from lead (lead): what is 6x7?\n"
+    delegated = ralph(team.home, "delegate", "worker-1", "summarise Q4", "--wait", "30",
+                      "--team", "demo", "--agent", "lead")  # fmt: skip
+    assert delegated.stdout == b"delegate from lead (): summarise Q4\n", delegated.stderr
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=BOUND_S) == 0
+
+
+def test_stdin_holds_the_conversation_then_the_headed_request(
+    team: Team, procs: Processes, tmp_path: Path
+) -> None:
+    """stdin: the DM so far (notes included: they start no run), then the request headed
+    as the seeds show it, with its context."""
+    seen = tmp_path / "stdin.txt"
+    runner(procs, team.home, "worker-1", f"cat > {seen}; echo ok")
+    with MessageBus("demo", "lead") as lead:
+        lead.send("worker-1", "text", "a note first")
+    assert ask(team.home, "worker-1", "Q4 revenue?", "--context", "investor update").returncode == 0
+    text = seen.read_text()
+    assert text.startswith("[Conversation history with lead]\n")
+    assert "[lead] a note first\n" in text
+    assert text.endswith(
+        "[Agent Request from lead | Pattern: ask]\n\nContext: investor update\n\nQ4 revenue?\n"
+    )
+
+
+def test_a_failing_or_hanging_child_sends_the_error(team: Team, procs: Processes,
+                                                    tmp_path: Path) -> None:  # fmt: skip
+    """Exit status non-zero: the reply carries the error (ask exits 3); a child running
+    past --timeout is killed with its process group, a daemon it forked included."""
+    runner(procs, team.home, "worker-1", "echo broken >&2; exit 7")
+    failed = ask(team.home, "worker-1", "anything?")
+    assert failed.returncode == 3 and b"exited 7: broken" in failed.stderr
+    pid_file = tmp_path / "daemon.pid"
+    runner(procs, team.home, "worker-2", f"sleep 300 & echo $! > {pid_file}; sleep 300",
+           "--timeout", "0.5")  # fmt: skip
+    slow = ask(team.home, "worker-2", "too slow?")
+    assert slow.returncode == 3 and b"ran past 0.5 s: killed" in slow.stderr
+    daemon = int(pid_file.read_text())
+    wait_until(lambda: gone(daemon), f"the daemon {daemon} the child forked to be killed")
+
+
+def test_a_second_runner_for_one_agent_is_refused(team: Team, procs: Processes) -> None:
+    """One runner per agent: a second exits 2, naming the first one's pid."""
+    first = runner(procs, team.home, "worker-1", ECHO)
+    second = ralph(team.home, "run", "--agent", "worker-1", "--team", "demo", "--", "true")
+    assert second.returncode == 2 and str(first.pid).encode() in second.stderr
+
+
+def test_a_runner_killed_mid_run_answers_once_when_started_again(
+    team: Team, procs: Processes, tmp_path: Path
+) -> None:
+    """kill -9 of the runner while its child runs: the request is not consumed; a new
+    runner answers it, and the asker gets exactly one reply."""
+    started, pid_file = tmp_path / "started", tmp_path / "child.pid"
+    script = (f"echo $$ > {pid_file}; touch {started}; [ -e {tmp_path}/go ] || sleep 300; "
+              "echo answered")  # fmt: skip
+    first = runner(procs, team.home, "worker-1", script)
+    asker = subprocess.Popen(
+        [sys.executable, "-m", "ralph_mail", "ask", "worker-1", "once?", "--timeout", "60",
+         "--id", "0123456789ab", "--team", "demo", "--agent", "lead"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(team.home),
+    )  # fmt: skip
+    procs.started.append(asker)
+    wait_until(started.exists, "the child to start")
+    orphan = int(pid_file.read_text())
+    first.kill()
+    first.wait(timeout=BOUND_S)
+    try:
+        (tmp_path / "go").touch()
+        runner(procs, team.home, "worker-1", script)
+        out, err = asker.communicate(timeout=BOUND_S)
+        assert asker.returncode == 0 and out == b"answered\n", err
+        lines = (team.home / "teams/demo/mailbox/lead.jsonl").read_bytes().splitlines()
+        replies = [orjson.loads(line) for line in lines]
+        assert [r["content"] for r in replies if r["type"] == "reply"] == ["answered"]
+    finally:  # the killed runner's child outlives it (its own session): end it here
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(os.getpgid(orphan), signal.SIGKILL)
+
+
+def test_a_flooding_or_garbled_child_gives_one_bounded_message(
+    team: Team, procs: Processes
+) -> None:
+    """A child writing 100 MiB: the reply is cut at the message limit, with a note, and
+    the runner goes on; invalid UTF-8 is replaced, never an error."""
+    runner(procs, team.home, "worker-1",
+           "head -c 104857600 /dev/zero | tr '\\0' x; printf '\\377\\376 end'")  # fmt: skip
+    done = ask(team.home, "worker-1", "everything?")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(b"xxxx")
+    assert b"[output cut at " in done.stdout and len(done.stdout) < 1_100_000
+    runner(procs, team.home, "worker-2", "printf 'caf\\351 \\377'")
+    garbled = ask(team.home, "worker-2", "bytes?")
+    assert garbled.returncode == 0 and garbled.stdout == "caf\ufffd \ufffd\n".encode()

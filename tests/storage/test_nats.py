@@ -1,0 +1,371 @@
+"""The NATS JetStream backend beyond the contract suites (which run on it too): real
+processes through the command line, retried sends, a server restart, doctor."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ralph_mail import MessageBus, create_team
+from tests.helpers.backends import fresh_nats, start_nats
+from tests.helpers.processes import BOUND_S, Processes, cli_env
+
+
+def nats_env(home: Path, url: str, **extra: str) -> dict[str, str]:
+    env = cli_env(home, RALPH_BACKEND=url, RALPH_TEAM="demo", **extra)
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    return env
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "ralph_mail", *args], env=env,
+                          capture_output=True, timeout=BOUND_S)  # fmt: skip
+
+
+def test_a_runner_answers_an_ask_and_a_delegation_over_nats(
+    tmp_path: Path, procs: Processes
+) -> None:
+    """Every process reaches the team through the server alone: the homes differ."""
+    url = fresh_nats()
+    lead_env = nats_env(tmp_path / "host-a", url, RALPH_AGENT="lead")
+    assert cli(lead_env, "team", "create", "demo", "--member", "lead", "--member", "w"
+               ).returncode == 0  # fmt: skip
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "ralph_mail", "run", "--agent", "w", "--", "sh", "-c",
+         'echo "$RALPH_PATTERN: $(tail -n 1)"'],
+        env=nats_env(tmp_path / "host-b", url), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    procs.started.append(worker)
+    assert worker.stderr is not None and b"answers with" in worker.stderr.readline()
+    asked = cli(lead_env, "ask", "w", "ready?", "--timeout", "30")
+    assert asked.returncode == 0 and asked.stdout == b"ask: ready?\n", asked.stderr
+    given = cli(lead_env, "delegate", "w", "ship it", "--wait", "30")
+    assert given.returncode == 0 and given.stdout == b"delegate: ship it\n", given.stderr
+    tasks = cli(lead_env, "tasks")
+    assert b"ship it" in tasks.stdout and b"completed" in tasks.stdout
+
+
+def test_a_send_retried_under_its_id_is_stored_once(home: Path) -> None:
+    """Nats-Msg-Id: the same id sent again (a retry after a timeout) is stored once and
+    the retry learns where the first one is."""
+    url = fresh_nats()
+    create_team("demo", ["lead", "w"], home=home, backend=url)
+    lead, w = (
+        MessageBus("demo", "lead", home, backend=url),
+        MessageBus("demo", "w", home, backend=url),
+    )
+    first = lead.send("w", "text", "once", id="0123456789ab")
+    again = lead.send("w", "text", "once", id="0123456789ab")
+    assert again.ts == first.ts
+    assert [m.content for m in w.poll()] == ["once"]
+    lead.close()
+    w.close()
+
+
+def test_a_server_restart_is_survived(home: Path, tmp_path: Path) -> None:
+    """Messages stored before the server stopped are read after it restarts, once each
+    and in order; the clients reconnect by themselves."""
+    server, url = start_nats(tmp_path / "js")
+    try:
+        create_team("demo", ["lead", "w"], home=home, backend=url)
+        lead = MessageBus("demo", "lead", home, backend=url)
+        w = MessageBus("demo", "w", home, backend=url)
+        for n in range(5):
+            lead.send("w", "text", f"before {n}")
+        assert [m.content for m in w.poll()][:2] == ["before 0", "before 1"]
+        server.terminate()
+        server.wait(timeout=BOUND_S)
+        server, _ = start_nats(tmp_path / "js", int(url.rsplit(":", 1)[1]))
+        for n in range(5):
+            lead.send("w", "text", f"after {n}")
+        assert [m.content for m in w.poll()] == [f"after {n}" for n in range(5)]
+        lead.close()
+        w.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=BOUND_S)
+
+
+def test_doctor_checks_the_server(tmp_path: Path) -> None:
+    """doctor says whether the server answers with JetStream, and how each team's stream
+    keeps its messages; an unreachable server is one failure, exit 3."""
+    url = fresh_nats()
+    env = nats_env(tmp_path, url)
+    assert cli(env, "team", "create", "demo", "--member", "lead").returncode == 0
+    done = cli(env, "doctor")
+    assert done.returncode == 0, done.stdout
+    assert b"JetStream on" in done.stdout and b"team 'demo': stream" in done.stdout
+    gone = cli(nats_env(tmp_path, "nats://127.0.0.1:1"), "doctor")
+    assert gone.returncode == 3 and b"cannot reach the NATS server" in gone.stdout
+
+
+#: A consumer that handles each message (records its id), then commits; it is told
+#: through argv[3] to die (kill -9 itself) right after handling message number N.
+CONSUMER = """
+import os, signal, sys
+from ralph_mail import MessageBus
+bus = MessageBus("demo", "w", sys.argv[1], backend=sys.argv[2])
+die_after, handled = int(sys.argv[3]), 0
+with open(sys.argv[4], "a") as seen:
+    while handled < 50:
+        for message in bus.wait_for_messages(5, consume=False):
+            seen.write(message.id + "\\n")
+            seen.flush()
+            handled += 1
+            if handled == die_after:
+                os.kill(os.getpid(), signal.SIGKILL)  # handled, not yet committed
+            bus.commit(message)
+"""
+
+
+def test_a_consumer_killed_between_handling_and_committing_gets_it_again(
+    home: Path, tmp_path: Path, procs: Processes
+) -> None:
+    """kill -9 after handling, before committing: once its lease lapses, the next
+    consumer gets that message again (at least once), and ids make it handled once.
+    Commits are stored in the background: the last ones before a kill -9 may not be,
+    so the next consumer may start a few messages earlier, never later."""
+    url = fresh_nats()
+    create_team("demo", ["lead", "w"], home=home, backend=url)
+    lead = MessageBus("demo", "lead", home, backend=url)
+    sent = [lead.send("w", "text", f"job {n}").id for n in range(50)]
+    seen = tmp_path / "seen"
+    env = cli_env(home, RALPH_NATS_LEASE_S="1")
+    first = procs.python(CONSUMER, str(home), url, "20", str(seen), env=env)
+    assert first.wait(timeout=BOUND_S) == -9
+    deadline = time.monotonic() + BOUND_S
+    while lead.store.consumer("w") is not None:  # its lease lapses (1 s here, 10 s by default)
+        assert time.monotonic() < deadline, "the killed consumer's lease never lapsed"
+        time.sleep(0.05)
+    second = procs.python(CONSUMER, str(home), url, "0", str(seen), env=env)
+    second.stdin.close()  # type: ignore[union-attr]
+    deadline = time.monotonic() + BOUND_S
+    while len(set(seen.read_text().split())) < 50:
+        assert time.monotonic() < deadline and second.poll() in (None, 0), second.stderr.read()  # type: ignore[union-attr]
+        time.sleep(0.05)
+    handled = seen.read_text().split()
+    assert handled[:20] == sent[:20] and handled[20] in sent[:20]  # the 20th comes again
+    assert list(dict.fromkeys(handled)) == sent  # by id: each once, in order
+    lead.close()
+
+
+def test_every_acknowledged_send_is_delivered_once_across_a_server_restart(
+    home: Path, tmp_path: Path
+) -> None:
+    """A sender retries each send under its id until the server acknowledges it while
+    the server is stopped and started again mid-stream; the consumer gets every
+    acknowledged message exactly once, in order."""
+    from ralph_mail.errors import MailError
+
+    server, url = start_nats(tmp_path / "js")
+    port = int(url.rsplit(":", 1)[1])
+    try:
+        create_team("demo", ["lead", "w"], home=home, backend=url)
+        lead = MessageBus("demo", "lead", home, backend=url)
+        w = MessageBus("demo", "w", home, backend=url)
+        acknowledged: list[str] = []
+        received: list[str] = []
+        for n in range(60):
+            if n == 30:  # mid-stream: the server goes away and comes back
+                server.terminate()
+                server.wait(timeout=BOUND_S)
+                server, _ = start_nats(tmp_path / "js", port)
+            message_id = f"{n:012x}"
+            deadline = time.monotonic() + BOUND_S
+            while True:
+                try:
+                    acknowledged.append(lead.send("w", "text", f"m{n}", id=message_id).id)
+                    break
+                except MailError:
+                    assert time.monotonic() < deadline, "the client never reconnected"
+            if n % 7 == 0:
+                received += [m.id for m in w.poll()]
+        received += [m.id for m in w.poll()]
+        assert received == acknowledged == [f"{n:012x}" for n in range(60)]
+        lead.close()
+        w.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=BOUND_S)
+
+
+def test_backend_is_an_option_of_every_command(tmp_path: Path) -> None:
+    """--backend URL before or after the command selects the server; after '--' it is
+    the runner's command's own."""
+    from ralph_mail.cli.app import _backend_option
+
+    url = fresh_nats()
+    env = cli_env(tmp_path)
+    made = cli(env, "--backend", url, "team", "create", "demo", "--member", "lead")
+    assert made.returncode == 0, made.stderr
+    listed = cli(env, "team", "list", f"--backend={url}")
+    assert listed.returncode == 0 and b"demo" in listed.stdout
+    assert b"demo" not in cli(env, "team", "list").stdout  # files: no such team there
+    assert _backend_option(["run", "--", "tool", "--backend", "x"]) == [
+        "run", "--", "tool", "--backend", "x"]  # fmt: skip
+
+
+#: Sends and reads, then says which of nats-py and asyncio it imported.
+ONE_OFF = """
+import sys
+from ralph_mail import MessageBus
+lead = MessageBus("demo", "lead", sys.argv[1], backend=sys.argv[2])
+lead.send("w", "text", "hello")
+w = MessageBus("demo", "w", sys.argv[1], backend=sys.argv[2])
+print([m.content for m in w.poll()], "nats" in sys.modules, "asyncio" in sys.modules)
+w.close()
+lead.close()
+"""
+
+
+def test_a_one_off_command_talks_to_the_server_without_nats_py(home: Path) -> None:
+    """Sends, reads and the bucket's keys go over natswire: a command that does not
+    wait never imports nats-py (nor asyncio), and starts the sooner for it."""
+    url = fresh_nats()
+    create_team("demo", ["lead", "w"], home=home, backend=url)
+    done = subprocess.run([sys.executable, "-c", ONE_OFF, str(home), url], capture_output=True,
+                          text=True, timeout=BOUND_S)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["['hello']", "False", "False"]
+
+
+def test_a_server_never_reached_is_said_at_once(tmp_path: Path) -> None:
+    """No server at the URL: one line naming it and the fix, exit 2, no waiting for a
+    server to come back (that is for one that was there)."""
+    env = cli_env(tmp_path, RALPH_BACKEND="nats://127.0.0.1:1")
+    sent = cli(env, "send", "w", "hello", "--team", "demo", "--agent", "lead")
+    assert sent.returncode == 2
+    assert sent.stderr.startswith(b"ralph-mail: error: cannot reach the NATS server at "
+                                  b"nats://127.0.0.1:1")  # fmt: skip
+    assert b"start it (nats-server -js)" in sent.stderr and sent.stderr.count(b"\n") == 1
+
+
+def test_a_forked_child_makes_none_of_its_parents_background_writes(home: Path) -> None:
+    """Index entries and cursors still being written when a process forks stay the
+    parent's: the child's close does not wait for them, nor write them again."""
+    import os
+
+    url = fresh_nats()
+    create_team("demo", ["lead", "w"], home=home, backend=url)
+    lead = MessageBus("demo", "lead", home, backend=url)
+    for n in range(20):
+        lead.send("w", "text", f"before {n}")  # each leaves index entries to write
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports by its exit status
+        code = 1
+        try:
+            mine = MessageBus("demo", "lead", home, backend=url)
+            mine.send("w", "text", "from the child")
+            mine.close()
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + BOUND_S
+    while (done := os.waitpid(child, os.WNOHANG))[0] == 0:
+        assert time.monotonic() < deadline, "the child never finished"
+        time.sleep(0.01)
+    assert os.waitstatus_to_exitcode(done[1]) == 0
+    lead.close()
+    pair = MessageBus("demo", "w", home, backend=url).history("lead", 100)
+    assert [m.content for m in pair] == [f"before {n}" for n in range(20)] + ["from the child"]
+
+
+def test_a_waiter_whose_consumer_the_server_forgot_makes_it_again(home: Path) -> None:
+    """A waiter's consumer lives in the server's memory: gone (a restart, an idle hour),
+    the wait returns for a read, and the next one is woken by the next line again."""
+    from ralph_mail.store import backend
+
+    url = fresh_nats()
+    create_team("demo", ["lead", "w"], home=home, backend=url)
+    store = backend(home, url).team_store("demo")
+    lead = MessageBus("demo", "lead", home, backend=url)
+    waiter = store.waiter(["w"])
+    try:
+        gone = store._api(f"CONSUMER.DELETE.{store.stream}.{waiter._name}", {})  # type: ignore[attr-defined]
+        assert gone.get("success"), gone
+        assert waiter.wait(BOUND_S)  # it found its consumer gone: look again
+        lead.send("w", "text", "after")
+        assert waiter.wait(BOUND_S)
+        assert [m.content for m in MessageBus("demo", "w", home, backend=url).poll()] == ["after"]
+    finally:
+        waiter.close()
+        lead.close()
+        store.close()
+
+
+def test_a_message_over_the_servers_max_payload_is_one_clear_error(home: Path) -> None:
+    """The bus takes lines up to 1 MiB and a NATS server's max_payload is 1 MiB with the
+    headers: the few lines in between are refused, named, and nothing is stored."""
+    from ralph_mail.errors import StoreError
+
+    url = fresh_nats()
+    create_team("demo", ["lead", "w"], home=home, backend=url)
+    lead = MessageBus("demo", "lead", home, backend=url)
+    try:
+        with pytest.raises(StoreError, match=r"max_payload .*: send less, or raise max_payload"):
+            lead.send("w", "text", "x" * (1024 * 1024 - 200))
+        lead.send("w", "text", "small")
+        assert [m.content for m in MessageBus("demo", "w", home, backend=url).poll()] == ["small"]
+    finally:
+        lead.close()
+
+
+def test_team_log_records_naming_one_message_are_all_kept(home: Path) -> None:
+    """A team log's records are not sends: two naming the same message id (a held message,
+    then its approval) are both stored, so an approved message is delivered on NATS."""
+    from ralph_mail.govern.policy import Policy, Rule
+
+    url = fresh_nats()
+    create_team("demo", ["lead", "a", "b"], home=home, backend=url)
+    with (
+        MessageBus("demo", "lead", home, backend=url) as lead,
+        MessageBus("demo", "a", home, backend=url) as a,
+        MessageBus("demo", "b", home, backend=url) as b,
+    ):
+        lead.store.log_append("probe", b'{"held":{"id":"0123456789ab"}}\n')
+        lead.store.log_append("probe", b'{"decided":"x","id":"0123456789ab"}\n')
+        assert len(lead.store.log_read("probe").splitlines()) == 2
+        lead.store.save_state("policy", Policy((Rule("a", "b", "allow", True),)).to_json())
+        kept = a.send("b", "text", "may I?")
+        assert lead.approve(kept.id).decision is True
+        assert [m.id for m in b.poll()] == [kept.id]
+
+
+def test_a_stream_the_server_is_still_removing_is_made_once_it_is_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """JetStream's 'error creating store for stream' (a team deleted and made again at
+    once) is tried again until it passes; any other error, or one that lasts past the
+    bound, is raised."""
+    import asyncio
+
+    from nats.js.errors import ServerError
+
+    from ralph_mail.store.nats import backend
+
+    calls: list[int] = []
+
+    async def busy_twice() -> str:
+        calls.append(1)
+        if len(calls) <= 2:
+            raise ServerError(code=500, err_code=10049, description="error creating store")
+        return "made"
+
+    assert asyncio.run(backend._made(busy_twice)) == "made" and len(calls) == 3
+
+    async def other() -> str:
+        raise ServerError(code=500, err_code=10071, description="wrong last sequence")
+
+    with pytest.raises(ServerError):
+        asyncio.run(backend._made(other))
+    monkeypatch.setattr(backend, "_STORE_BUSY_S", 0.05)
+
+    async def always() -> str:
+        raise ServerError(code=500, err_code=10049, description="error creating store")
+
+    with pytest.raises(ServerError):
+        asyncio.run(backend._made(always))
