@@ -57,7 +57,7 @@ def command(action: Callable[[], int | None]) -> None:
 
 
 #: The modules that register each top-level command or group (``team`` spans two);
-#: tests/test_cli.py checks the table against a full registration.
+#: tests/cli/test_cli.py checks the table against a full registration.
 MODULES: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("send", "broadcast", "read", "wait", "tail"), ("mail",)),
     "team": ("mail", "conversation"),

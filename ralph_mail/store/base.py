@@ -5,7 +5,7 @@ alone; only a backend touches files (the file backend, `ralph_mail.store.files`)
 network. `TeamStore` is a small set of `Primitives` plus records built over them: a second
 backend implements `Backend` and the primitives, inherits the records from
 `ralph_mail.store.records.Records` (overriding one only to do it faster), and passes the
-contract suite (tests/test_store_contract.py), as huey's storage backends pass its
+contract suite (tests/storage/test_store_contract.py), as huey's storage backends pass its
 StorageTests.
 
 Logs. An inbox is named by its agent; a channel's log by ``#NAME``: the same primitives

@@ -1,7 +1,7 @@
 """An in-memory backend: the storage seam's second implementation, inside one process.
 
 It keeps everything `TeamStore` promises in dictionaries guarded by one lock, so the
-contract suite (tests/test_store_contract.py) and the bus suite run on it as on files:
+contract suite (tests/storage/test_store_contract.py) and the bus suite run on it as on files:
 proof that nothing above the seam depends on files. Mail lives as long as the process;
 use it in tests and for a team of threads. Select it with ``RALPH_BACKEND=memory://NAME``
 (or ``backend="memory://NAME"``): every `MessageBus` of the process naming the same
