@@ -264,48 +264,59 @@ class MessageBus(Mailbox):
 
     # -- delegation -----------------------------------------------------------------------
 
-    def delegate(
-        self,
-        to: str,
-        description: str,
-        *,
-        context: str | None = None,
-        priority: str | None = None,
-        parent: str | None = None,
-        id: str | None = None,
-        visibility: str | None = None,
-    ) -> Task:
+    def delegate(self, to: str, description: str, *, context: str | None = None,
+                 priority: str | None = None, parent: str | None = None, id: str | None = None,
+                 visibility: str | None = None,
+                 deadline: str | datetime | float | None = None) -> Task:  # fmt: skip
         """Give ``to`` a task: record it in the team's task tree and send it a
         ``task_assignment``; return at once. Its outcome comes back as a ``task_result``.
+        ``deadline`` (``"10m"``, seconds, an ISO-8601 time, a datetime; capped at the
+        parent's): past it the task fails, and its open subtasks are canceled.
 
         Refused before anything is written: delegating to myself, to an offline agent
-        (`AgentOffline`), a bad id or priority, what the Gate refuses. The same ``id``
-        again (a retry) sends the same assignment again. A sleeping assignee gets it when
-        its sleep ends, once, by its own next read.
+        (`AgentOffline`), a bad id, priority or deadline, what the Gate refuses. The same
+        ``id`` again (a retry) sends the same assignment again. A sleeping assignee gets
+        it when its sleep ends, once, by its own next read.
 
         Example:
-            >>> task = bus.delegate("writer", "Draft the Q4 post")  # doctest: +SKIP
+            >>> task = bus.delegate("writer", "Draft the Q4 post", deadline="2h")  # doctest: +SKIP
         """
         return tasks.delegate(self, to, description, context=context, priority=priority,
-                              parent=parent, id=id, visibility=visibility)  # fmt: skip
+                              parent=parent, id=id, visibility=visibility,
+                              deadline=deadline)  # fmt: skip
 
     def start(self, task_id: str) -> Task:
-        """Mark my task ``task_id`` active."""
-        return tasks.finish(self, task_id, "active", "")
+        """Mark my task ``task_id`` working, with a lease (the team's ``task_lease``)."""
+        return tasks.start(self, task_id)
+
+    def heartbeat(self, task_id: str) -> Task:
+        """Renew the lease of my task ``task_id`` (starting it); `TaskEnded` once it ended."""
+        return tasks.heartbeat(self, task_id)
 
     def complete(self, task_id: str, result: str) -> Task:
         """Record my task ``task_id`` as completed and send its delegator the result (a
-        ``task_result``, the callback). Run again after a crash, it sends the result
-        only if it was not sent before.
-
-        Example:
-            >>> bus.complete(task.id, "Saved as 'Q4 Blog Post Draft'")  # doctest: +SKIP
-        """
+        ``task_result``, the callback), once, even when run again after a crash. After the
+        task ended (canceled) the result is kept as late: `TaskEnded`."""
         return tasks.finish(self, task_id, "completed", result)
 
     def fail(self, task_id: str, error: str) -> Task:
         """Record my task ``task_id`` as failed and send its delegator the error."""
         return tasks.finish(self, task_id, "failed", error)
+
+    def reject(self, task_id: str, reason: str) -> Task:
+        """Refuse my task ``task_id`` (``rejected``); its delegator gets the reason."""
+        return tasks.finish(self, task_id, "rejected", reason)
+
+    def cancel(self, task_id: str, reason: str = "") -> Task:
+        """Cancel ``task_id`` (one I gave out, or any as the lead) and every open task
+        below it; each assignee gets a ``task_canceled`` (a ``ralph-mail run`` job on it is
+        killed), and a result after it is kept as late. `TaskEnded` when a result came first."""
+        return tasks.cancel(self, task_id, reason)
+
+    def reassign(self, task_id: str, to: str) -> Task:
+        """Give ``task_id`` (as `cancel` may) to ``to`` instead: a new assignment for ``to``,
+        a ``task_canceled`` for the old assignee, whose result is then refused."""
+        return tasks.reassign(self, task_id, to)
 
     def tasks(self) -> list[Task]:
         """The team's tasks, parents first, each followed by its subtasks."""
@@ -314,17 +325,12 @@ class MessageBus(Mailbox):
     def wait_for_result(self, task: Task, timeout: float, since: int = 0) -> Message | None:
         """Block until the ``task_result`` of ``task`` (one I delegated) is in my inbox from
         offset ``since`` on (``store.size(me)`` before delegating); consume it alone when
-        this process may. None after ``timeout`` seconds.
-
-        Example:
-            >>> since = bus.store.size(bus.agent)                        # doctest: +SKIP
-            >>> task = bus.delegate("writer", "draft it")                # doctest: +SKIP
-            >>> bus.wait_for_result(task, 600, since).content            # doctest: +SKIP
-        """
+        this process may. None after ``timeout`` seconds, or once the task ended with no
+        result to come (canceled, its deadline passed: see `tasks`)."""
         return tasks.wait_for_result(self, task, timeout, since)
 
     def _before_read(self) -> None:
-        tasks.release_held(self)
+        tasks.before_read(self)
 
     # -- conversations --------------------------------------------------------------------
 
@@ -377,11 +383,7 @@ class MessageBus(Mailbox):
                        stop=stop)  # fmt: skip
 
     def ack(self, message: Message) -> Message:
-        """Acknowledge ``message`` to its sender (reading never does).
-
-        Example:
-            >>> bus.ack(message)  # doctest: +SKIP
-        """
+        """Acknowledge ``message`` to its sender (reading never does)."""
         return ask.acknowledge(self, message)
 
     def pending_acks(self, older_than: float | None = None) -> list[Message]:

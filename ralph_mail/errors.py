@@ -21,6 +21,12 @@ class InvalidMessage(MailError, ValueError):
     """A message (type, content, metadata, id, size) is refused before anything is written."""
 
 
+class TaskEnded(InvalidMessage):
+    """What was asked of a task cannot be done: it ended (completed, failed, canceled,
+    rejected, its deadline passed) or was given to another agent. The command line
+    exits 3: the answer is no; stop working on it."""
+
+
 class TeamNotFound(MailError, LookupError):
     """The team has no `team.json` under the home."""
 

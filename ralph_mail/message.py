@@ -45,6 +45,8 @@ class MessageType(StrEnum):
     MENTION = "mention"
     APPROVAL_REQUEST = "approval_request"
     APPROVAL_RESPONSE = "approval_response"
+    TASK_CANCELED = "task_canceled"
+    TASK_STALLED = "task_stalled"
 
 
 _TYPES: dict[str, MessageType] = {member.value: member for member in MessageType}

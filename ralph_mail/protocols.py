@@ -38,6 +38,9 @@ APPROVED: Final = "approved"
 ACCEPTED: Final = "accepted"
 DEFERRED: Final = "deferred"
 ERROR: Final = "error"
+#: The notices about a task its delegator (or the lead) sends: its assignee that it was
+#: canceled (or moved to another agent); itself that its lease lapsed.
+TASK_NOTICES: Final = frozenset({"task_canceled", "task_stalled"})
 
 
 def check_state(value: str) -> str:
@@ -88,9 +91,17 @@ def status_metadata(
 def check_outgoing(kind: str, metadata: dict[str, str]) -> None:
     """Refuse protocol metadata the lead would refuse on arrival, before it is sent:
     a status update's state, task and progress; the true/false of an approval or a
-    shutdown answer. `InvalidMessage` names the value and the fix."""
+    shutdown answer; the task a task notice (``task_canceled``, ``task_stalled``) is
+    about. `InvalidMessage` names the value and the fix."""
     if kind == "status_update":
         status_metadata(metadata.get(STATE, ""), metadata.get(TASK), metadata.get(PROGRESS))
+    if kind in TASK_NOTICES:
+        if not metadata.get(TASK_ID, "").strip():
+            raise InvalidMessage(
+                f"a {kind} needs metadata {TASK_ID}, the task it is about: add --meta "
+                f"{TASK_ID}=ID (or use 'ralph-mail task cancel ID')"
+            )
+        check_task_id(metadata[TASK_ID])
     flags = {"plan_approval": APPROVED, "shutdown_response": ACCEPTED}
     key = flags.get(kind)
     if key is not None and metadata.get(key, "").strip().lower() not in ("true", "false"):

@@ -136,13 +136,17 @@ def max_message_bytes(value: int | None = None) -> int:
 #: Team settings (``ralph-mail team config TEAM KEY VALUE``) and their defaults; each can
 #: be overridden for one process by ``RALPH_<KEY>`` in the environment. ``channel_delay``:
 #: the most seconds of the random pause between two answers to one post (1 to N; 0
-#: none); ``channel_turn_timeout``: how long a mentioned member's turn waits for it.
+#: none); ``channel_turn_timeout``: how long a mentioned member's turn waits for it;
+#: ``task_lease``: how long (s) a working task's assignee may go without renewing its
+#: lease before the task counts as stalled (``ralph-mail run`` and `TeamAgent` renew it
+#: every third of that while the work goes on).
 TEAM_DEFAULTS: Final = {
     "max_depth": 3,
     "max_internal_exchanges": 20,
     "presence_timeout": 60,
     "channel_delay": 5,
     "channel_turn_timeout": 120,
+    "task_lease": 60,
 }
 
 

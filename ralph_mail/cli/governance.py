@@ -233,6 +233,7 @@ SETTING_MOST = {
     "presence_timeout": MAX_SECONDS,
     "channel_delay": MAX_SECONDS,
     "channel_turn_timeout": MAX_SECONDS,
+    "task_lease": MAX_SECONDS,
 }
 
 

@@ -16,6 +16,7 @@ decision stands, and a message found in the inbox is not delivered twice.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 
@@ -169,6 +170,8 @@ def decide(box: Mailbox, message_id: str, approved: bool, reason: str) -> Held:
     if not held.done:
         if held.decision:
             box.release(held.envelope, held.sender, held.since)
+        elif held.envelope.get("type") == MessageType.TASK_ASSIGNMENT:
+            _reject_task(box, held)
         verdict = {"approved": "true" if held.decision else "false"}
         if held.reason_given:
             verdict["reason"] = held.reason_given
@@ -179,6 +182,21 @@ def decide(box: Mailbox, message_id: str, approved: bool, reason: str) -> Held:
         box.store.log_append(LOG, done(message_id))
         held = fold(box.store.log_read(LOG))[message_id]
     return held
+
+
+def _reject_task(box: Mailbox, held: Held) -> None:
+    """A denied assignment's task is ``rejected``, by the approver, for the reason given."""
+    from ralph_mail.govern import tasklog
+    from ralph_mail.message import format_ts
+
+    metadata = held.envelope.get("metadata")
+    task_id = metadata.get("taskId") if isinstance(metadata, dict) else None
+    task = tasklog.load(box.store)[0].get(str(task_id))
+    if task is not None and task.assignment == held.id and task.open:
+        why = held.reason_given or f"its assignment was denied by {box.agent}"
+        now = format_ts(time.time_ns() // 1000)
+        box.store.log_append(tasklog.LOG, tasklog.changed(task.id, "rejected", now, why,
+                                                          by=box.agent))  # fmt: skip
 
 
 def wait_for_decision(box: Mailbox, message_id: str, since: int, timeout: float) -> bool | None:

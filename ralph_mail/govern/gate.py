@@ -9,8 +9,13 @@ exemption by itself:
 - a ``reply``, ``ack``, ``shutdown_response`` or ``plan_approval`` answers only a
   message its sender received from its recipient (of the matching kind for the
   protocol answers); a ``task_result`` only a ``task_assignment`` its sender received
-  from its recipient; an ``approval_response`` only a message held for its sender's approval,
+  from its recipient and, for a task of the team's task log, only from the task's
+  assignee for its current assignment (a result after a reassignment or a cancel is
+  refused); an ``approval_response`` only a message held for its sender's approval,
   sent by its recipient;
+- a ``task_canceled`` or ``task_stalled`` is a notice the task log must back (the
+  sender canceled the task; the task's lease lapsed, told to its delegator, even in
+  its own inbox);
 - anything else of those types is contact the sender starts, judged and counted as such;
 - the team protocols' requests (``status_update``, ``plan_submission``,
   ``shutdown_request``, ``task_assignment``) between a member and the lead are contact
@@ -156,6 +161,10 @@ class Gate:
             from ralph_mail.protocols import check_outgoing
 
             check_outgoing(kind, metadata)
+        about = metadata.get("taskId") if isinstance(metadata, dict) else None
+        if kind in _ON_TASKS and about and self._task_answers(kind, to, envelope.get("reply_to"),
+                                                              str(about)):  # fmt: skip
+            return ""
         if to == sender:
             doing = "asking" if kind == MessageType.REQUEST else "sending to"
             raise InvalidMessage(f"{sender!r} is {doing} itself: name a teammate")
@@ -234,6 +243,40 @@ class Gate:
         if kind in _ANSWERS and original.type != _ANSWERS[kind]:  # type: ignore[index]
             return ""
         return "reply" if kind == MessageType.REPLY else "answer"
+
+    def _task_answers(self, kind: str, to: str, answered: object, task_id: str) -> bool:
+        """Whether a message about task ``task_id`` is what the task log backs: a
+        ``task_result`` from its assignee to its delegator, for its current assignment;
+        a ``task_canceled`` from the agent that canceled it (or moved it) to its
+        assignee (or the one it was moved from); a ``task_stalled`` to its delegator
+        while its lease has lapsed. A result for a task that was canceled, or from an
+        agent that is not its assignee, is refused (`InvalidMessage`)."""
+        from ralph_mail.govern import tasklog
+
+        box = self._box()
+        task = tasklog.load(box.store)[0].get(task_id)
+        if task is None:
+            return False  # not the team's task: judged as any other message
+        sender = box.agent
+        if kind == MessageType.TASK_RESULT:
+            if task.assignee != sender:
+                moved = f" (reassigned from {sender})" if task.reassigned_from == sender else ""
+                raise InvalidMessage(
+                    f"task {task_id} is {task.assignee}'s{moved}: a result from {sender} is "
+                    "not the assignee's and is not taken"
+                )
+            if task.status == "canceled":
+                raise InvalidMessage(
+                    f"task {task_id} was canceled by {task.ended_by}: its result is not "
+                    "taken ('ralph-mail task done' keeps it as late)"
+                )
+            return to == task.delegated_by and answered == task.assignment
+        if kind == MessageType.TASK_CANCELED:
+            if to == task.assignee:
+                return task.status == "canceled" and task.ended_by == sender
+            lead = box.team.lead
+            return to == task.reassigned_from and sender in (task.delegated_by, lead)
+        return to == task.delegated_by and task.stalled
 
     def _govern(self, recipients: list[str], check: str, protocol: bool) -> str:
         """Apply the policy to a message from me to ``recipients``: raise
@@ -334,6 +377,11 @@ class Gate:
 #: The protocol messages whose metadata is checked as their reader checks it.
 _CHECKED: Final = frozenset({
     MessageType.STATUS_UPDATE, MessageType.PLAN_APPROVAL, MessageType.SHUTDOWN_RESPONSE,
+    MessageType.TASK_CANCELED, MessageType.TASK_STALLED,
+})  # fmt: skip
+#: The messages about a task that the task log can back (see `Gate._task_answers`).
+_ON_TASKS: Final = frozenset({
+    MessageType.TASK_RESULT, MessageType.TASK_CANCELED, MessageType.TASK_STALLED,
 })  # fmt: skip
 _ANSWER_TYPES: Final = frozenset({
     MessageType.REPLY, MessageType.ACK, MessageType.APPROVAL_RESPONSE, *_ANSWERS,

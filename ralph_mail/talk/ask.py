@@ -9,6 +9,7 @@ the reply (it answers a request its sender received, or it is contact).
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
@@ -17,10 +18,12 @@ from ralph_mail.errors import InvalidMessage, MailError, NoReply, PermissionDeni
 from ralph_mail.govern import approvals, presence
 from ralph_mail.mailbox import ALL
 from ralph_mail.message import Message, MessageType, check_id, check_metadata, format_ts
+from ralph_mail.talk import tasks
 
 if TYPE_CHECKING:
     from ralph_mail.mailbox import Mailbox
     from ralph_mail.store.base import StopEvent
+    from ralph_mail.talk.tasks import Task
 
 
 def ask(
@@ -47,13 +50,17 @@ def ask(
     extra = dict(check_metadata(metadata))
     if context is not None:
         extra["context"] = context
+    task = _about_task(box, target, extra)
     start = box.reading_from()
     envelope = box.envelope(target, MessageType.REQUEST, question, extra, None, id,
+                            thread=task.assignment if task is not None else None,
                             priority=priority, visibility=visibility,
                             chain=(*box.chain, box.agent))  # fmt: skip
     request_id = str(envelope["id"])
     box.asking.add(request_id)  # before it is sent: the reply may come at once
     try:
+        if task is not None:  # I wait for my delegator: the task is input_required
+            tasks.waiting_for_input(box, task, True)
         request = box.write(envelope, waits=True)
         if not request.ts:  # held for approval: the same timeout covers the decision
             deadline = time.monotonic() + timeout
@@ -70,6 +77,19 @@ def ask(
         return _answer_of(box, request.id, target, start, timeout, stop, fresh=True)
     finally:
         box.asking.discard(request_id)
+        if task is not None:
+            tasks.waiting_for_input(box, task, False)
+
+
+def _about_task(box: Mailbox, to: str, extra: dict[str, str]) -> Task | None:
+    """The task an ask is about when it asks the agent that gave it to me: named by
+    ``metadata.taskId`` or ``RALPH_TASK`` (the task of a ``ralph-mail run`` job). Such a
+    request goes in the task's thread, and the task is ``input_required`` meanwhile."""
+    task_id = extra.get("taskId") or os.environ.get("RALPH_TASK", "")
+    task = tasks.asked_about(box, to, task_id) if task_id.strip() else None
+    if task is not None:
+        extra["taskId"] = task.id
+    return task
 
 
 def reply(

@@ -203,4 +203,4 @@ def test_delegating_to_a_sleeping_agent_says_the_task_is_held(team: Team) -> Non
     assert note.startswith("ralph-mail: note: worker-1 is sleeping: the task is held until ")
     assert note.count("\n") == 1
     tree = ralph(team.home, "tasks", *LEAD).stdout.decode()
-    assert "T-5  draft it  worker-1  pending  held until " in tree
+    assert "T-5  draft it  worker-1  submitted  held until " in tree

@@ -28,13 +28,13 @@ def online(*agents: str) -> None:
 
 
 def test_delegate_records_a_task_and_sends_the_assignment(team: Team) -> None:
-    """delegate returns a pending Task and the assignee gets a task_assignment for it."""
+    """delegate returns a submitted Task and the assignee gets a task_assignment for it."""
     online("worker-1")
     task = MessageBus("demo", "lead").delegate(
         "worker-1", "draft it", context="Q4", priority="high"
     )
     assert (task.status, task.assignee, task.delegated_by, task.priority) == (
-        "pending", "worker-1", "lead", "high"
+        "submitted", "worker-1", "lead", "high"
     )  # fmt: skip
     [assignment] = MessageBus("demo", "worker-1").poll()
     assert assignment.type == MessageType.TASK_ASSIGNMENT and assignment.id == task.assignment
@@ -169,7 +169,7 @@ def test_the_leads_assign_is_in_the_tree_and_its_finish_comes_back_as_an_event(
     with TeamOrchestrator("demo", on_event=events.append) as orch:
         orch.assign("worker-1", "T-1", "parse the logs")
         assert [(t.id, t.assignee, t.status) for t in orch.bus.tasks()] == [
-            ("T-1", "worker-1", "pending")
+            ("T-1", "worker-1", "submitted")
         ]
         with TeamAgent("demo", "worker-1") as agent:
             assert agent.next_task(timeout=5) is not None
