@@ -2,7 +2,11 @@
 
 The agent processes its inbox between tasks and while idle:
 
-* a task assignment gives it a task (or queues it behind the one in hand);
+* a task assignment gives it a task (or queues it behind the one in hand); a task of
+  the team's task log is started when it comes into hand, and its lease renewed from a
+  thread of its own until it leaves it (`TeamAgent.finish_task`);
+* a ``task_canceled`` (the task log backs it) takes a queued task out of the backlog,
+  or marks the one in hand in `TeamAgent.canceled`: the program stops working on it;
 * a shutdown request is accepted when idle, and deferred ("finishing current task") while
   a task is in hand, so the lead asks again once the agent reports it is done;
 * a plan approval reaches the `TeamAgent.submit_plan` call waiting for it;
@@ -26,6 +30,7 @@ Example:
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -34,7 +39,7 @@ from types import TracebackType
 
 from ralph_mail import protocols
 from ralph_mail.bus import MessageBus
-from ralph_mail.errors import ProtocolError
+from ralph_mail.errors import MailError, ProtocolError, TaskEnded
 from ralph_mail.message import Message, MessageType
 from ralph_mail.settings import HANDLED_IDS_KEPT
 from ralph_mail.store.base import StopEvent
@@ -128,6 +133,10 @@ class TeamAgent:
         self.task: Assignment | None = None
         #: Tasks assigned while another was in hand, oldest first.
         self.backlog: deque[Assignment] = deque()
+        #: My tasks that ended before I finished them (canceled, moved to another agent,
+        #: past their deadline), by id, with why: stop working on one that is here.
+        self.canceled: dict[str, str] = {}
+        self._renewal: _Renewal | None = None
         #: Text and broadcasts not yet taken by `take_context`, oldest first.
         self.context: list[Message] = []
         #: The newest shutdown request not yet answered (with ``auto_shutdown`` off).
@@ -205,9 +214,11 @@ class TeamAgent:
             task_id = message.metadata.get(protocols.TASK_ID) or message.id
             task = Assignment(task_id, message.content, message)
             if self.task is None:
-                self.task = task
+                self._take(task)
             else:
                 self.backlog.append(task)
+        elif message.type == MessageType.TASK_CANCELED:
+            self._on_canceled(message)
         elif message.type == MessageType.SHUTDOWN_REQUEST:
             self._last_request = message
             if self.auto_shutdown:
@@ -245,10 +256,45 @@ class TeamAgent:
         """Take a task the lead did not assign (it goes to the backlog if one is in hand)."""
         task = Assignment(protocols.check_task_id(task_id), description)
         if self.task is None:
-            self.task = task
+            self._take(task)
         else:
             self.backlog.append(task)
         return task
+
+    def _take(self, task: Assignment | None) -> None:
+        """Hold ``task`` (else the next of the backlog that did not end): a task of the
+        team's task log is started, and its lease renewed until it leaves my hands."""
+        self._let_go()
+        while task is not None:
+            try:
+                self.bus.start(task.id)
+            except TaskEnded as exc:  # canceled (or moved) before I came to it: skip it
+                self.canceled[task.id] = str(exc)
+                task = self.backlog.popleft() if self.backlog else None
+                continue
+            except MailError:  # not in the team's task log (sent by hand): no lease
+                pass
+            else:
+                self._renewal = _Renewal(self.bus, task.id)
+            break
+        self.task = task
+
+    def _let_go(self) -> None:
+        if self._renewal is not None:
+            self._renewal.close()
+            self._renewal = None
+
+    def _on_canceled(self, message: Message) -> None:
+        """A task of mine ended (the task log says so): out of the backlog, or marked in
+        `canceled` when it is in hand (its lease is not renewed any more)."""
+        task_id = message.metadata.get(protocols.TASK_ID, "")
+        known = {task.id: task for task in self.bus.tasks()}.get(task_id)
+        if known is None or (known.open and known.assignee == self.name):
+            return  # the log does not back it
+        self.canceled[task_id] = message.content
+        self.backlog = deque(task for task in self.backlog if task.id != task_id)
+        if self.task is not None and self.task.id == task_id:
+            self._let_go()
 
     def report_status(
         self,
@@ -280,20 +326,25 @@ class TeamAgent:
         report = self.report_status(
             text, state, task=task.id if task else None, progress=progress if task else None
         )
+        self._let_go()
         if task is not None:
             self._record_outcome(task.id, text, state)
-        self.task = self.backlog.popleft() if self.backlog else None
+        self._take(self.backlog.popleft() if self.backlog else None)
         return report
 
     def _record_outcome(self, task_id: str, text: str, state: str) -> None:
         # A task the team's tree knows (the lead's assign, a delegation) is completed
         # there too, and its delegator gets the result; one given out by hand is not.
+        # One that ended meanwhile (canceled) keeps the result as late: `TaskEnded`.
         known = {task.id: task for task in self.bus.tasks()}
         if task_id in known and known[task_id].assignee == self.bus.agent:
-            if state == "done":
-                self.bus.complete(task_id, text)
-            else:
-                self.bus.fail(task_id, text)
+            try:
+                if state == "done":
+                    self.bus.complete(task_id, text)
+                else:
+                    self.bus.fail(task_id, text)
+            except TaskEnded as exc:
+                self.canceled.setdefault(task_id, str(exc))
 
     # -- plans ----------------------------------------------------------------------------
 
@@ -367,7 +418,9 @@ class TeamAgent:
     # -- lifetime -------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop watching and release the bus; the agent can be used again after."""
+        """Stop renewing, stop watching and release the bus; the agent can be used again
+        after."""
+        self._let_go()
         self.bus.close()
 
     def __enter__(self) -> TeamAgent:
@@ -383,6 +436,37 @@ class TeamAgent:
 
     def __repr__(self) -> str:
         return f"TeamAgent(team={self.bus.team.name!r}, name={self.name!r}, state={self.state!r})"
+
+
+class _Renewal:
+    """Renews the lease of the task in hand every third of the team's ``task_lease``,
+    from a thread (and a bus) of its own, so a program busy with the task keeps it alive;
+    a process that dies stops renewing, and the task stalls."""
+
+    def __init__(self, bus: MessageBus, task_id: str) -> None:
+        from ralph_mail.govern.tasklog import lease_seconds
+
+        self._where = (bus.team.name, bus.agent, bus.team.home)
+        self._task_id = task_id
+        self._interval = lease_seconds(dict(bus.team.config)) / 3
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ralph-lease", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        team, agent, home = self._where
+        with MessageBus(team, agent, home) as bus:
+            while not self._stop.wait(self._interval):
+                try:
+                    bus.heartbeat(self._task_id)
+                except TaskEnded:  # canceled, moved: the agent hears of it by its inbox
+                    return
+                except MailError:  # the next renewal tries again
+                    continue
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def _decision(submission: Message, answer: Message) -> PlanDecision:

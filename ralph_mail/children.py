@@ -100,6 +100,17 @@ def kill_group(child: Child) -> None:
         os.killpg(child.pid, signal.SIGKILL)
 
 
+def stop(child: Child) -> None:
+    """Tell ``child`` to end now, and everything it started, without waiting for it: its
+    keeper kills the tree (SIGTERM), or, without a keeper, its process group is killed.
+    Whoever waits on the child (`communicate`) sees it end and reaps it."""
+    if KEEPER:
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signal.SIGTERM)
+    else:
+        kill_group(child)
+
+
 def end(child: Child) -> None:
     """End ``child`` and everything it started, and reap it: its keeper kills the tree
     (SIGTERM; its group is killed outright if it has not within a few seconds), or,

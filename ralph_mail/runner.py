@@ -10,6 +10,13 @@ timeout, sends the error instead (a passed turn for a mention). Once it ends, al
 started is killed (`ralph_mail.children`). Plain notes start nothing: the next run sees
 them in its history. Each run is logged in one line on stderr.
 
+A delegated task is started (``working``) when its run starts, and its lease renewed
+every third of the team's ``task_lease`` while the run goes on: a runner that dies
+leaves the task to stall. A ``task_canceled`` for a task a run works on (the task log
+backs it: canceled, or moved to another agent) kills the run's whole tree at once, and
+the task gets no answer; a task that ended before its run started is not run. A run
+still going at the task's deadline is killed and the task fails ("deadline passed").
+
 A request is consumed only after its answer is sent, and answering is idempotent (a
 request gets one reply, a task one result), so a runner killed mid-run and started
 again answers each request exactly once. A request it cannot answer (the answer is
@@ -41,9 +48,9 @@ import orjson
 from ralph_mail import children, settings
 from ralph_mail.bus import MessageBus
 from ralph_mail.children import Child, communicate, end, spawn
-from ralph_mail.errors import InvalidMessage, MailError, RefusedByRules
-from ralph_mail.govern import presence
-from ralph_mail.message import Message, MessageType
+from ralph_mail.errors import InvalidMessage, MailError, RefusedByRules, TaskEnded
+from ralph_mail.govern import presence, tasklog
+from ralph_mail.message import Message, MessageType, parse_ts
 from ralph_mail.store.base import StopEvent, Waiter
 
 #: What starts a run, by message type, and the pattern its child is told.
@@ -190,6 +197,11 @@ class Runner:
         self.bus = MessageBus(team, agent, home, default_rate=10)
         self.home = str(self.bus.team.home)
         self._children: dict[str, Child] = {}
+        # The runs on tasks of the team's log: message id -> (task id, when its lease is
+        # next renewed, monotonic); and the runs killed because their task was canceled.
+        self._leases: dict[str, tuple[str, float]] = {}
+        self._leases_lock = threading.Lock()
+        self._canceled: set[str] = set()
         self._local = threading.local()  # each pool thread's own bus
         self._buses: list[MessageBus] = []
         self._buses_lock = threading.Lock()
@@ -218,9 +230,13 @@ class Runner:
                     self._collect(running, wait_s=0.0)
                     taken = {message.id for message in running.values()}
                     keys = {self.bus.agent}  # my inbox, and channels where a turn goes on
-                    wake = time.time() + 1.0
+                    wake = min(time.time() + 1.0, self._renew())
                     for message in self.bus.peek():
                         if message.id in taken:
+                            continue
+                        if message.type == MessageType.TASK_CANCELED:
+                            self._on_canceled(message)
+                            self.bus.consume(message)
                             continue
                         pattern = PATTERNS.get(str(message.type))
                         if pattern == "mention":
@@ -268,6 +284,50 @@ class Runner:
                 with contextlib.suppress(MailError):
                     presence.went_offline(self.bus.store, self.bus.agent)
 
+    def _renew(self) -> float:
+        """Renew the leases that are due (a task that ended meanwhile: its run is
+        killed); return when (time.time) the next one is due."""
+        interval = tasklog.lease_seconds(dict(self.bus.team.config)) / 3
+        now = time.monotonic()
+        with self._leases_lock:
+            due = [(mid, task) for mid, (task, at) in self._leases.items() if at <= now]
+            for mid, task in due:
+                self._leases[mid] = (task, now + interval)
+            soonest = min((at for _, at in self._leases.values()), default=now + 1.0)
+        for mid, task in due:
+            try:
+                self.bus.heartbeat(task)
+            except TaskEnded as exc:
+                self._kill(mid, str(exc))
+            except MailError as exc:  # the next renewal tries again
+                _note(f"could not renew the lease of task {task}: {exc}")
+        return time.time() + max(0.0, soonest - time.monotonic())
+
+    def _on_canceled(self, notice: Message) -> None:
+        """Kill the runs on the task a ``task_canceled`` names, once the task log backs
+        it (the task ended, or is another agent's now); a notice it does not back is
+        only noted."""
+        task_id = notice.metadata.get("taskId", "")
+        task = tasklog.load(self.bus.store)[0].get(task_id)
+        if task is None or (task.open and task.assignee == self.bus.agent):
+            _note(f"task_canceled {notice.id} from {notice.from_agent} for task {task_id!r}: "
+                  "the task log does not say so; ignored")  # fmt: skip
+            return
+        with self._leases_lock:
+            runs = [mid for mid, (task, _) in self._leases.items() if task == task_id]
+        for mid in runs:
+            self._kill(mid, notice.content)
+
+    def _kill(self, message_id: str, why: str) -> None:
+        """Kill the run of ``message_id`` and its whole tree now; it sends no answer."""
+        self._canceled.add(message_id)
+        with self._leases_lock:
+            self._leases.pop(message_id, None)
+        child = self._children.get(message_id)
+        if child is not None:
+            children.stop(child)
+            _note(f"killed the run of {message_id}: {why}")
+
     def _collect(
         self, running: dict[Future[None], Message], wait_s: float, every: bool = False
     ) -> None:
@@ -292,11 +352,26 @@ class Runner:
         too it is set aside. Either way it is consumed after, with one line on stderr."""
         bus = self._thread_bus()
         began = time.monotonic()
+        deadline = None
+        if pattern == "delegate":
+            try:
+                deadline = self._start(bus, message)
+            except TaskEnded as exc:  # canceled, moved or past its deadline before it ran
+                _note(f"{_what(message)}: not run ({exc})")
+                return
         try:
-            outcome = self._run(message, pattern, self._history(bus, message))
+            outcome = self._run(message, pattern, self._history(bus, message), deadline)
         except _CANNOT as exc:  # its history cannot be read: a channel it cannot be in
             why = f"cannot answer this request: {exc}"
             outcome = Outcome(error=why, status=f"not run ({why})")
+        finally:
+            with self._leases_lock:
+                self._leases.pop(message.id, None)
+        if message.id in self._canceled:
+            self._canceled.discard(message.id)
+            _note(f"{_what(message)}: killed in {time.monotonic() - began:.2f} s, its task "
+                  "canceled: no answer")  # fmt: skip
+            return
         _note(f"{_what(message)}: {outcome.status} in {time.monotonic() - began:.2f} s")
         try:
             self._answer(bus, message, outcome)
@@ -313,6 +388,21 @@ class Runner:
                       f"{_INSTEAD[str(message.type)]} instead")  # fmt: skip
                 return
         _note(f"could not answer {_what(message)} ({_why(refused)}): set aside")
+
+    def _start(self, bus: MessageBus, message: Message) -> float | None:
+        """Start the task of an assignment (working, with a lease the runner's loop
+        renews); return its deadline (time.time), or None. `TaskEnded` when the task
+        ended; a task the team's log does not have is run all the same."""
+        try:
+            task = bus.start(message.metadata.get("taskId", ""))
+        except TaskEnded:
+            raise
+        except MailError:  # not in the team's task tree (sent by hand): nothing to renew
+            return None
+        interval = tasklog.lease_seconds(dict(bus.team.config)) / 3
+        with self._leases_lock:
+            self._leases[message.id] = (task.id, time.monotonic() + interval)
+        return parse_ts(task.deadline) if task.deadline else None
 
     def _thread_bus(self) -> MessageBus:
         bus: MessageBus | None = getattr(self._local, "bus", None)
@@ -343,14 +433,19 @@ class Runner:
                     bus.fail(task_id, outcome.error)
                 else:
                     bus.complete(task_id, outcome.output)
+            except TaskEnded as exc:  # canceled or moved meanwhile: its result is late
+                _note(f"{_what(message)}: {exc}")
             except MailError:  # not in the team's task tree: report to whoever gave it
                 bus.send(message.from_agent, MessageType.STATUS_UPDATE,
                          outcome.error or outcome.output,
                          {"state": "failed" if outcome.error else "done",
                           "task": task_id})  # fmt: skip
 
-    def _run(self, message: Message, pattern: str, past: list[Message]) -> Outcome:
-        """One run of the command for ``message`` (on a pool thread: no mailbox use)."""
+    def _run(
+        self, message: Message, pattern: str, past: list[Message], deadline: float | None = None
+    ) -> Outcome:
+        """One run of the command for ``message`` (on a pool thread: no mailbox use),
+        killed after the timeout or at ``deadline`` (time.time), whichever comes first."""
         history = [m for m in past if m.id not in (message.id, message.reply_to)]
         if self.format == "json":
             history, left_out = capped(history, lambda m: len(orjson.dumps(m.to_dict())) + 1)
@@ -379,12 +474,19 @@ class Runner:
             why = f"cannot run {self.command[0]!r}: {getattr(exc, 'strerror', None) or exc}"
             return Outcome(error=why, status=f"not run ({why})")
         self._children[message.id] = child
+        if message.id in self._canceled:  # canceled while it started
+            children.stop(child)
         limit = max(1024, self.bus.max_message_bytes - _ENVELOPE_ROOM)
+        timeout = self.timeout
+        if deadline is not None:
+            timeout = max(0.0, min(timeout, deadline - time.time()))
         try:
-            code, out, cut, err = communicate(child, stdin, self.timeout, limit, _STDERR_KEPT)
+            code, out, cut, err = communicate(child, stdin, timeout, limit, _STDERR_KEPT)
         finally:
             end(child)  # what it left running (a daemon, even out of its session) goes too
             self._children.pop(message.id, None)
+        if code is None and timeout < self.timeout:
+            return Outcome(error=tasklog.DEADLINE_PASSED, status="killed at its deadline")
         if code is None:
             return Outcome(error=f"{self.command[0]} ran past {self.timeout:g} s: killed",
                            status=f"killed after {self.timeout:g} s")  # fmt: skip
