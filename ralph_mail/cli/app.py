@@ -61,10 +61,8 @@ def command(action: Callable[[], int | None]) -> None:
 MODULES: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("send", "broadcast", "read", "wait", "tail"), ("mail",)),
     "team": ("mail", "conversation"),
-    **dict.fromkeys(
-        ("ask", "reply", "history", "thread", "ack", "acks", "delegate", "task", "tasks"),
-        ("conversation",),
-    ),
+    **dict.fromkeys(("ask", "reply", "history", "thread", "ack", "acks"), ("conversation",)),
+    **dict.fromkeys(("delegate", "task", "tasks"), ("tasks",)),
     **dict.fromkeys(("agents", "presence"), ("conversation",)),
     **dict.fromkeys(("status", "assign", "plan", "shutdown", "demo"), ("protocol",)),
     "lead": ("lead",),
@@ -90,6 +88,7 @@ def full_app() -> Group:
         maintenance,
         protocol,
         responder,
+        tasks,
     )
 
     return app

@@ -1,20 +1,20 @@
 """Commands for conversations and discovery: ask, reply, history, thread, ack, acks,
-agents, presence, and the roster's edits (team set, team config)."""
+agents, presence, and the roster's edits (team set, team config). Delegation and the
+task tree are `ralph_mail.cli.tasks`'."""
 
 from __future__ import annotations
 
 import os
 import sys
-import time
 from typing import TYPE_CHECKING, Annotated
 
 from ralph_mail import settings
 from ralph_mail.cli import EXIT_NO, EXIT_NOTHING, error_line, say
 from ralph_mail.cli.app import Agent, Home, Json, JsonRecords, TeamName, app, command, identity
-from ralph_mail.cli.command import Argument, Group, Option
+from ralph_mail.cli.command import Argument, Option
 from ralph_mail.cli.mail import Priority, Visibility, team_app
 from ralph_mail.cli.render import deliver, print_json_lines, print_table, safe
-from ralph_mail.cli.send import Identity, check_wait, held_exit, read_body
+from ralph_mail.cli.send import read_body
 from ralph_mail.errors import MailError
 from ralph_mail.message import Message, encode
 
@@ -259,179 +259,6 @@ def acks(
     command(action)
 
 
-task_app = Group(
-    help=(
-        "Start, complete or fail a task given to me.\n\n"
-        "Example:\n  ralph-mail task done t-3f2a 'saved as draft 3' --agent writer"
-    )
-)
-app.add_group(task_app, "task")
-
-
-@app.command("delegate")
-def delegate(
-    to: Annotated[str, Argument(help="Who does it.", metavar="AGENT")],
-    description: Annotated[
-        str | None, Argument(help="The task; '-' or omitted with a pipe: standard input.")
-    ] = None,
-    context: Annotated[
-        str | None, Option("--context", help="Background it needs.", metavar="C")
-    ] = None,
-    priority: Priority = None,
-    parent: Annotated[
-        str | None, Option("--parent", help="The task this is part of.", metavar="ID")
-    ] = None,
-    task_id: Annotated[
-        str | None, Option("--id", help="Its id [default: a new t-xxxxxxxx].", metavar="ID")
-    ] = None,
-    wait: Annotated[
-        float | None,
-        Option("--wait", help="Wait up to S seconds for the result.", metavar="S"),
-    ] = None,
-    visibility: Visibility = None,
-    home: Home = None,
-    team: TeamName = None,
-    agent: Agent = None,
-) -> None:
-    """Give a teammate a task; prints its id. With --wait S, prints the result: exit 0
-    completed, 3 failed, 1 not finished in time; 4 refused (the agent is offline).
-
-    \b
-    Example:
-      ralph-mail delegate writer 'Draft the Q4 post' --priority high --parent T-100
-    """
-
-    def action() -> int:
-        check_wait(wait)
-        left = wait
-        body = read_body(description, settings.max_message_bytes())
-        bus = identity(home, team, agent).bus()
-        try:
-            since = bus.store.size(bus.agent)
-            task = bus.delegate(to, body, context=context, priority=priority, parent=parent,
-                                id=task_id, visibility=visibility)  # fmt: skip
-            held = bus.approval_of(task.assignment)
-            if held is not None and held.decision is None:
-                start = time.monotonic()
-                code = held_exit(bus, task.assignment, since, left, f"task {task.id}")
-                if code:
-                    return code
-                if left is not None:
-                    left = max(0.0, left - (time.monotonic() - start))
-            if task.held_until:
-                error_line(f"{to} is sleeping: the task is held until {task.held_until}, "
-                           "then delivered", "note")  # fmt: skip
-            if left is None:
-                say(task.id + "\n")
-                return 0
-            result = bus.wait_for_result(task, left, since)
-        finally:
-            bus.close()
-        if result is None:
-            error_line(f"task {task.id} did not finish within {wait:g} s; see 'ralph-mail tasks'")
-            return EXIT_NOTHING
-        say(safe(result.content) + "\n")
-        return EXIT_NO if result.metadata.get("status") == "failed" else 0
-
-    command(action)
-
-
-def _finish(task_id: str, text: str | None, status: str, identity_: Identity) -> None:
-    bus = identity_.bus()
-    try:
-        if status == "active":
-            bus.start(task_id)
-        else:
-            body = read_body(text, settings.max_message_bytes(), empty_ok=True)
-            (bus.complete if status == "completed" else bus.fail)(task_id, body)
-    finally:
-        bus.close()
-
-
-@task_app.command("done")
-def task_done(
-    task_id: Annotated[str, Argument(help="The task.", metavar="ID")],
-    result: Annotated[
-        str | None, Argument(help="The result; '-' or omitted with a pipe: standard input.")
-    ] = None,
-    home: Home = None,
-    team: TeamName = None,
-    agent: Agent = None,
-) -> None:
-    """Complete a task given to me; its delegator gets the result.
-
-    \b
-    Example:
-      ralph-mail task done t-3f2a 'saved as draft 3' --agent writer
-    """
-    command(lambda: _finish(task_id, result, "completed", identity(home, team, agent)))
-
-
-@task_app.command("fail")
-def task_fail(
-    task_id: Annotated[str, Argument(help="The task.", metavar="ID")],
-    error: Annotated[
-        str | None, Argument(help="What went wrong; '-' or a pipe: standard input.")
-    ] = None,
-    home: Home = None,
-    team: TeamName = None,
-    agent: Agent = None,
-) -> None:
-    """Fail a task given to me; its delegator gets the error.
-
-    \b
-    Example:
-      ralph-mail task fail t-3f2a 'rate limit exceeded' --agent writer
-    """
-    command(lambda: _finish(task_id, error, "failed", identity(home, team, agent)))
-
-
-@task_app.command("start")
-def task_start(
-    task_id: Annotated[str, Argument(help="The task.", metavar="ID")],
-    home: Home = None,
-    team: TeamName = None,
-    agent: Agent = None,
-) -> None:
-    """Mark a task given to me active.
-
-    \b
-    Example:
-      ralph-mail task start t-3f2a --agent writer
-    """
-    command(lambda: _finish(task_id, None, "active", identity(home, team, agent)))
-
-
-@app.command("tasks")
-def tasks_tree(
-    home: Home = None,
-    team: TeamName = None,
-    agent: Agent = None,
-    json: JsonRecords = False,
-) -> None:
-    """Draw the team's task tree: every task given out, its assignee and status.
-
-    \b
-    Example:
-      ralph-mail tasks --team demo
-    """
-
-    def action() -> None:
-        from ralph_mail.talk.tasks import draw, load
-        from ralph_mail.team import load_team
-
-        roster = load_team(identity(home, team, agent).need_team(), home)
-        known, _ = load(roster.store)
-        if json:
-            from ralph_mail.talk.tasks import ordered
-
-            print_json_lines([task.to_dict() for task in ordered(known)])
-            return
-        say(draw(known, lambda text: safe(text, newlines=False)))
-
-    command(action)
-
-
 @app.command("agents")
 def agents(
     everyone: Annotated[bool, Option("--all", help="Include me.")] = False,
@@ -568,8 +395,8 @@ def team_config(
     key: Annotated[
         str | None,
         Argument(
-            help="max_depth, max_internal_exchanges, presence_timeout, channel_delay or "
-            "channel_turn_timeout "
+            help="max_depth, max_internal_exchanges, presence_timeout, channel_delay, "
+            "channel_turn_timeout or task_lease "
             "[default: show them all].",
             metavar="KEY",
         ),
