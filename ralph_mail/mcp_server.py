@@ -208,6 +208,15 @@ class Mailbox:
         return (f"Task {task.id} {'failed' if failed else 'completed'}; "
                 f"{task.delegated_by} gets the result.")  # fmt: skip
 
+    def cancel(self, task_id: str, reason: str | None) -> str:
+        with self._lock:
+            task = self.bus.cancel(task_id, reason or "")
+            below = sum(1 for t in self.bus.tasks() if t.parent is not None and
+                        t.status == "canceled" and t.ended_by == self.bus.agent
+                        and t.updated == task.updated)  # fmt: skip
+        more = f" with {below} open subtask{'s' if below != 1 else ''}" if below else ""
+        return f"Task {task.id} canceled{more}; {task.assignee} was told to stop."
+
     # -- channels, history, search --------------------------------------------------------
 
     def post(self, channel: str, content: str, reply_to: str | None) -> str:
@@ -300,6 +309,8 @@ def describe(message: Message) -> str:
     elif kind == MessageType.TASK_ASSIGNMENT:
         head = (f"Task {meta.get('taskId', '')} from {who} (message {message.id}; finish "
                 "with complete_task or fail_task)")  # fmt: skip
+    elif kind in (MessageType.TASK_CANCELED, MessageType.TASK_STALLED):
+        head = f"{kind} {message.id} about task {meta.get('taskId', '')} from {who}"
     elif kind == MessageType.TASK_RESULT:
         head = (f"Result of {meta.get('taskId', '')} from {who} ({meta.get('status', 'done')}; "
                 f"message {message.id})")  # fmt: skip
@@ -437,6 +448,14 @@ def build(team: str, agent: str, home: str | os.PathLike[str] | None = None,
     ) -> CallToolResult:
         """Give up a delegated task, saying why."""
         return await call(lambda _: box.finish(task_id, error, True))
+
+    @tool
+    async def cancel_task(
+        task_id: Annotated[str, Field(description="a task you delegated, from contact_agent")],
+        reason: Annotated[str | None, Field(description="why, for the assignee")] = None,
+    ) -> CallToolResult:  # fmt: skip
+        """Cancel a task you delegated, and its open subtasks; their assignees stop."""
+        return await call(lambda _: box.cancel(task_id, reason))
 
     @tool
     async def post_to_channel(

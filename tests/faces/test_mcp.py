@@ -24,7 +24,7 @@ from tests.helpers.processes import BOUND_S, Processes, cli_env, ralph
 
 TOOLS = {
     "contact_agent", "send_to_agent", "request_from_agent", "list_agents", "check_inbox",
-    "reply", "complete_task", "fail_task", "post_to_channel", "read_channel",
+    "reply", "complete_task", "fail_task", "cancel_task", "post_to_channel", "read_channel",
     "conversation_history", "search_messages", "report_status", "submit_plan",
     "respond_shutdown",
 }  # fmt: skip
