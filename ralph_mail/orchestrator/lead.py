@@ -125,6 +125,8 @@ class TeamOrchestrator:
             MessageType.TEXT: self._on_text,
             MessageType.BROADCAST: self._on_text,
             MessageType.TASK_RESULT: self._on_task_result,
+            MessageType.TASK_STALLED: self._on_task_notice,
+            MessageType.TASK_CANCELED: self._on_task_notice,
         }
         self.progress: dict[str, AgentProgress] = {
             name: AgentProgress(name) for name in self.teammates
@@ -427,9 +429,19 @@ class TeamOrchestrator:
 
     def _on_task_result(self, message: Message) -> None:
         task = message.metadata.get(protocols.TASK_ID, "?")
-        failed = message.metadata.get("status") == "failed"
-        kind = EventKind.TASK_FAILED if failed else EventKind.TASK_COMPLETED
-        self._emit(kind, message.from_agent, f"{task}: {message.content}", message)
+        status = message.metadata.get("status", "completed")
+        kind = EventKind.TASK_COMPLETED if status == "completed" else EventKind.TASK_FAILED
+        said = message.content if status != "rejected" else f"rejected: {message.content}"
+        self._emit(kind, message.from_agent, f"{task}: {said}", message)
+
+    def _on_task_notice(self, message: Message) -> None:
+        # A task the lead gave out stalled (its own reads tell it), or one given to the
+        # lead was canceled: reported, for the program to reassign or stop.
+        task = message.metadata.get(protocols.TASK_ID, "?")
+        stalled = message.type == MessageType.TASK_STALLED
+        kind = EventKind.TASK_STALLED if stalled else EventKind.TASK_CANCELED
+        agent = message.metadata.get("assignee", message.from_agent) if stalled else ""
+        self._emit(kind, agent or message.from_agent, f"{task}: {message.content}", message)
 
     def _on_text(self, message: Message) -> None:
         agent = message.from_agent

@@ -79,6 +79,8 @@ class EventKind(StrEnum):
     SHUTDOWN_NO_ANSWER = "shutdown_no_answer"
     TASK_COMPLETED = "task_completed"
     TASK_FAILED = "task_failed"
+    TASK_STALLED = "task_stalled"
+    TASK_CANCELED = "task_canceled"
     ACK_OVERDUE = "ack_overdue"
     ERROR = "error"
     IGNORED = "ignored"
