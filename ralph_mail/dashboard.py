@@ -63,6 +63,8 @@ WIDE_AT: Final = 120
 SCROLLBAR: Final = 2
 #: The presence states too long for the column, shortened (README: "The dashboard").
 PRESENCE_SHORT: Final = {"awaiting_approval": "approval", "awaiting_delegation": "waiting"}
+#: The task states too long for a state column (9 cells), shortened.
+STATE_SHORT: Final = {"input_required": "input req"}
 #: The window the status line's message rate is taken over (s).
 RATE_WINDOW_S: Final = 10.0
 
@@ -200,8 +202,8 @@ def _rest(width: int, columns: list[tuple[str, int]]) -> int:
 
 
 def current_tasks(found: dict[str, tasks.Task]) -> dict[str, tasks.Task]:
-    """Each assignee's current task in the team's log: the latest unfinished one (active
-    before pending), else the latest finished."""
+    """Each assignee's current task in the team's log: the latest unfinished one (one
+    worked on before one only submitted), else the latest finished."""
     current: dict[str, tasks.Task] = {}
     for task in found.values():
         known = current.get(task.assignee)
@@ -211,7 +213,14 @@ def current_tasks(found: dict[str, tasks.Task]) -> dict[str, tasks.Task]:
 
 
 def _rank(task: tasks.Task) -> tuple[bool, bool, str]:
-    return task.status not in tasks.FINISHED, task.status == "active", task.updated
+    return task.status not in tasks.FINISHED, task.status != "submitted", task.updated
+
+
+def shown_state(task: tasks.Task) -> str:
+    """``task``'s state as a column shows it: ``stalled`` for a lapsed lease, and
+    ``input_required`` shortened to fit."""
+    word = tasks.state_of(task)
+    return STATE_SHORT.get(word, word)
 
 
 def subtasks(found: dict[str, tasks.Task]) -> dict[str, list[tasks.Task]]:
@@ -224,13 +233,14 @@ def subtasks(found: dict[str, tasks.Task]) -> dict[str, list[tasks.Task]]:
 
 
 def task_progress(task: tasks.Task, parts: list[tasks.Task]) -> float | None:
-    """How far ``task`` is, from the log alone: 1 when completed, 0 while pending, else
-    the share of its subtasks ``parts`` finished (None without any, or when it failed)."""
+    """How far ``task`` is, from the log alone: 1 when completed, 0 while submitted, else
+    the share of its subtasks ``parts`` finished (None without any, or when it ended
+    otherwise: failed, canceled, rejected)."""
     if task.status == "completed":
         return 1.0
-    if parts and task.status != "failed":
+    if parts and task.status not in tasks.FINISHED:
         return sum(t.status in tasks.FINISHED for t in parts) / len(parts)
-    return 0.0 if task.status == "pending" else None
+    return 0.0 if task.status == "submitted" else None
 
 
 def doing(
@@ -243,7 +253,7 @@ def doing(
         return known.state, known.task, known.progress
     if task is None:
         return "", "", None
-    return task.status, task.id, task_progress(task, parts.get(task.id, []))
+    return shown_state(task), task.id, task_progress(task, parts.get(task.id, []))
 
 
 class Help(ModalScreen[None]):
@@ -382,7 +392,7 @@ class Dashboard(App[None]):
         rows: dict[str, tuple[str | Text, ...]] = {}
         for prefix, task in tasks.tree_lines(self._found):
             head = clip(f"{prefix}{task.id} {task.description}", widths["task"])
-            row: tuple[str | Text, ...] = (Text(head), task.status,
+            row: tuple[str | Text, ...] = (Text(head), shown_state(task),
                                            clip(task.assignee, widths["assignee"]))  # fmt: skip
             if "done" in widths:
                 row += (task.updated[11:16] if task.status in tasks.FINISHED else "",)

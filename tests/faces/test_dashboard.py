@@ -215,7 +215,7 @@ def test_a_roster_change_shows_without_a_restart(home: Path) -> None:
 
 def finished_work(home: Path) -> None:
     """The studio with no lead running: the analyst completed T-2, the writer has T-1
-    pending."""
+    submitted."""
     studio(home)
     lead, analyst = MessageBus("studio", "lead", home), MessageBus("studio", "analyst", home)
     analyst.set_presence("idle")
@@ -238,7 +238,7 @@ def whole(table: DataTable[object]) -> None:
 
 def test_at_80x24_every_column_and_status_is_whole(home: Path) -> None:
     """At 80x24 no table scrolls sideways; every header and the statuses "completed" and
-    "pending" show whole, in the task tree and the roster."""
+    "submitted" show whole, in the task tree and the roster."""
     finished_work(home)
 
     async def body(app: Dashboard, pilot: Pilot[None]) -> None:
@@ -249,7 +249,7 @@ def test_at_80x24_every_column_and_status_is_whole(home: Path) -> None:
         assert [str(c.label) for c in roster.columns.values()] == [
             "agent", "presence", "state", "task", "prog", "seen", "unread", "does"]  # fmt: skip
         assert [str(c.label) for c in tree.columns.values()] == ["task", "status", "assignee"]
-        assert tree.get_row("task:T-1")[1:] == ["pending", "writer"]
+        assert tree.get_row("task:T-1")[1:] == ["submitted", "writer"]
         assert tree.get_row("task:T-2")[1:] == ["completed", "analyst"]
         assert roster.get_row("agent:analyst")[2:5] == ["completed", "T-2", "████"]
         header = next(line for line in shown.splitlines() if "presence" in line)
@@ -285,13 +285,13 @@ def test_from_120_columns_the_layout_widens(home: Path) -> None:
 
 def test_without_a_lead_the_roster_shows_each_members_task(home: Path) -> None:
     """No lead has run: state, task and progress come from the team's task log (the
-    analyst completed T-2, the writer has T-1 pending), presence from presence."""
+    analyst completed T-2, the writer has T-1 submitted), presence from presence."""
     finished_work(home)
 
     async def body(app: Dashboard, pilot: Pilot[None]) -> None:
         shown = await until(pilot, app, "completed")
         assert re.search(r"analyst\s+\w+\s+completed\s+T-2\s+████", shown), shown
-        assert re.search(r"writer\s+working\s+pending\s+T-1\s+░░░░", shown), shown
+        assert re.search(r"writer\s+working\s+submitted\s+T-1\s+░░░░", shown), shown
 
     drive(home, (80, 24), body)
 
@@ -299,12 +299,12 @@ def test_without_a_lead_the_roster_shows_each_members_task(home: Path) -> None:
 def test_the_leads_record_wins_when_it_heard_later() -> None:
     """A status the lead recorded after the task last changed is shown; an older one is
     not."""
-    task = Task("T-1", "d", "lead", "w", None, "normal", "active", "", "2025-01-01T00:00:00Z",
+    task = Task("T-1", "d", "lead", "w", None, "normal", "working", "", "2025-01-01T00:00:00Z",
                 "2025-01-01T00:00:05Z", "m")  # fmt: skip
     later = AgentProgress("w", "blocked", "T-1", 0.5, last_seen="2025-01-01T00:00:09Z")
     earlier = AgentProgress("w", "working", "T-0", 0.1, last_seen="2025-01-01T00:00:01Z")
     assert doing(task, later, {}) == ("blocked", "T-1", 0.5)
-    assert doing(task, earlier, {}) == ("active", "T-1", None)
+    assert doing(task, earlier, {}) == ("working", "T-1", None)
     assert doing(None, None, {}) == ("", "", None)
 
 
