@@ -10,11 +10,16 @@ poll, what ``ralph-mail run`` adds around a child, and what a turn of a standup 
   the child's time to the call's return.
 * A post mentioning ``turn_agents`` runners (``channel_delay`` 0): the time between
   consecutive answers, less ``subprocess.run`` of the same child, per turn.
+* Cancel: a task whose ``ralph-mail run`` job runs (``sleep``, its pid written first)
+  is canceled; how long ``bus.cancel`` takes, and from its return to the job's process
+  being gone (a pidfd of it becomes readable: Linux).
 """
 
 from __future__ import annotations
 
 import itertools
+import os
+import select
 import subprocess
 import sys
 import time
@@ -63,10 +68,13 @@ def _rates(rm: ModuleType, ws: Workspace, sizes: Sizes, sec: Section) -> None:
             b.close()
 
 
-def _runner(exe: Path, home: Path, team: str, agent: str) -> subprocess.Popen[bytes]:
-    """``ralph-mail run --agent AGENT -- date +%s%N``, once it says it is online."""
+def _runner(
+    exe: Path, home: Path, team: str, agent: str, command: list[str] = CLOCK
+) -> subprocess.Popen[bytes]:
+    """``ralph-mail run --agent AGENT -- COMMAND`` (``date +%s%N``), once it says it is
+    online."""
     env = child_env({"RALPH_HOME": str(home), "RALPH_TEAM": team, "RALPH_CHANNEL_DELAY": "0"})
-    proc = subprocess.Popen([str(exe), "run", "--agent", agent, "--", *CLOCK],
+    proc = subprocess.Popen([str(exe), "run", "--agent", agent, "--", *command],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)  # fmt: skip
     assert proc.stderr is not None
     line = proc.stderr.readline()
@@ -164,6 +172,42 @@ def _turns(rm: ModuleType, exe: Path, ws: Workspace, sizes: Sizes, sec: Section)
         _stop(runners)
 
 
+def _cancel(rm: ModuleType, exe: Path, ws: Workspace, sizes: Sizes, sec: Section) -> None:
+    call = sec.add(Row("cancel_call", "bus.cancel of a task a run works on", "ms", "lower"))
+    kill = sec.add(Row("cancel_kill", "run: cancel returned to the job's process gone", "ms",
+                       "lower"))  # fmt: skip
+    home = ws.fresh("cancel")
+    rm.create_team("cc", ["lead", "w"], home=home)
+    pid_file = home / "job.pid"
+    job = ["sh", "-c", f"echo $$ > {pid_file}.new && mv {pid_file}.new {pid_file}; exec sleep 600"]
+    runner = _runner(exe, home, "cc", "w", job)
+    lead = rm.MessageBus("cc", "lead", home=home)
+    try:
+        for n in range(sizes.run_samples):
+            pid_file.unlink(missing_ok=True)
+            lead.delegate("w", "sleep on it", id=f"T-{n}")
+            deadline = time.monotonic() + BOUND_S
+            while not pid_file.exists():  # the job writes its pid once it runs
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the job did not start")
+                time.sleep(0.005)
+            gone = os.pidfd_open(int(pid_file.read_text()))
+            try:
+                t0 = time.perf_counter()
+                lead.cancel(f"T-{n}")
+                t1 = time.perf_counter()
+                if not select.select([gone], [], [], BOUND_S)[0]:
+                    raise RuntimeError("the canceled job is still running")
+                t2 = time.perf_counter()
+            finally:
+                os.close(gone)
+            call.values.append((t1 - t0) * 1e3)
+            kill.values.append((t2 - t1) * 1e3)
+    finally:
+        lead.close()
+        _stop([runner])
+
+
 def run(sizes: Sizes, ws: Workspace) -> Section:
     """Post and read beside send and poll; the responder's overhead; turns."""
     sec = Section("channels", "Channels and the responder")
@@ -175,4 +219,6 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
     if sys.platform.startswith("linux") or sys.platform == "darwin":
         _responder(rm, exe, ws, sizes, sec)
         _turns(rm, exe, ws, sizes, sec)
+    if hasattr(os, "pidfd_open"):
+        _cancel(rm, exe, ws, sizes, sec)
     return sec
