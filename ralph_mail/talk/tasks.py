@@ -262,7 +262,8 @@ def give(
     """Record (unless known) and send a task; ``strict=False`` (the lead's assign)
     lets an existing id be given out again with other words, as a new assignment.
     With ``hold`` (a ts), the assignment is held for the assignee until then. A subtask's
-    ``deadline`` is capped at its parent's; a subtask of a task that ended is refused."""
+    ``deadline`` is capped at its parent's; a subtask of a task canceled or past its
+    deadline is refused."""
     from ralph_mail import protocols
 
     task_id = protocols.check_task_id(id) if id is not None else f"t-{new_id()[:8]}"
@@ -271,7 +272,7 @@ def give(
     known, _ = load(box.store)
     if parent is not None:
         above = known.get(protocols.check_task_id(parent))
-        if above is not None and not above.open:
+        if above is not None and (above.status == "canceled" or "" < above.deadline <= _now()):
             raise TaskEnded(f"{_ended(above)}: a subtask of it cannot be given out")
         if above is not None and above.deadline:
             deadline = min(deadline or above.deadline, above.deadline)
