@@ -87,6 +87,7 @@ class MessageBus(Mailbox):
                          backend=backend)  # fmt: skip
         self.gate: Gate
         self._channels: Channels | None = None
+        self._look_at = 0.0  # when a read next looks for my delegations' lapsed leases
 
     @property
     def default_rate(self) -> int | None:
@@ -330,7 +331,7 @@ class MessageBus(Mailbox):
         return tasks.wait_for_result(self, task, timeout, since)
 
     def _before_read(self) -> None:
-        tasks.before_read(self)
+        self._look_at = tasks.before_read(self, self._look_at)
 
     # -- conversations --------------------------------------------------------------------
 

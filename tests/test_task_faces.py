@@ -132,3 +132,20 @@ def test_mcp_cancel_task_cancels_what_the_agent_delegated(team: Team, home: Path
 def text(result: CallToolResult) -> str:
     (block,) = result.content
     return block.text  # type: ignore[union-attr]
+
+
+def test_top_shows_every_state_whole_in_its_80_column_layout() -> None:
+    """Each state top shows (stalled for a lapsed lease, input_required shortened) fits
+    the roster's state column and the tree's status column at 80 columns."""
+    from ralph_mail.dashboard import layout_for, shown_state
+    from ralph_mail.govern.tasklog import STATES, Task
+
+    layout = layout_for(80)
+    room = min(dict(layout.roster)["state"], dict(layout.tasks)["status"])
+    ts = "2026-11-26T10:00:00.000000Z"
+    words = {shown_state(Task("T-1", "d", "lead", "w", None, "normal", state, "", ts, ts,
+                              "0" * 12, stalled=stalled))
+             for state in STATES for stalled in (False, True)}  # fmt: skip
+    assert words == {"submitted", "working", "input req", "completed", "failed",
+                     "canceled", "rejected", "stalled"}  # fmt: skip
+    assert max(len(word) for word in words) <= room

@@ -402,3 +402,28 @@ def test_tasks_json_names_the_lifecycle_fields(team: Team, home: Path) -> None:
     assert {"status", "stalled", "deadline", "lease_until", "ended_by", "late",
             "reassigned_from", "held_until", "result"} <= set(record)  # fmt: skip
     assert record["deadline"] > record["created"] and record["status"] == "submitted"
+
+
+def test_a_read_looks_for_lapsed_leases_only_once_one_can_have_lapsed(
+    team: Team, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """look says when a lapse can come at the soonest (the earliest lease of my tasks
+    being worked on, else a whole lease away); a read before then does not read the
+    task log at all."""
+    from ralph_mail.message import parse_ts
+    from ralph_mail.talk import tasks
+
+    online("worker-1")
+    lead, worker = MessageBus("demo", "lead"), MessageBus("demo", "worker-1")
+    before = time.time()
+    assert before + 1 <= tasks.look(lead) <= time.time() + 1  # nothing of mine: a lease away
+    lead.delegate("worker-1", "draft it", id="T-1")
+    lease = worker.start("T-1").lease_until
+    assert tasks.look(lead) <= parse_ts(lease)
+    read: list[str] = []
+    real = lead.store.log_read
+    monkeypatch.setattr(lead.store, "log_read", lambda name: read.append(name) or real(name))
+    assert tasks.before_read(lead, time.time() + 60) > time.time()
+    assert "tasks" not in read
+    tasks.before_read(lead, 0.0)
+    assert "tasks" in read

@@ -60,6 +60,7 @@ from ralph_mail.message import (
     format_ts,
     from_envelope,
     new_id,
+    parse_ts,
 )
 
 if TYPE_CHECKING:
@@ -574,25 +575,36 @@ def reassign(box: Mailbox, task_id: str, to: str) -> Task:
     return moved
 
 
-def look(box: Mailbox) -> list[Task]:
+def look(box: Mailbox) -> float:
     """Tell my agent, once, of each task it gave out whose lease lapsed: a
-    ``task_stalled`` in its own inbox. Run by each read of a delegator (at most once a
-    second) and by `wait_for_result`; return the tasks it told of."""
+    ``task_stalled`` in its own inbox. Run by the reads of a delegator and by
+    `wait_for_result`; return when (time.time) the next lapse can come at the soonest:
+    the earliest lease of my tasks being worked on, or a whole lease from now (a task
+    started later holds its lease that long), so a read need not look before."""
     from ralph_mail import protocols
 
     known, _ = load(box.store)
-    lapsed = [t for t in known.values() if t.stalled and t.delegated_by == box.agent
-              and not t.told.startswith(f"{t.lease_until} ")]  # fmt: skip
+    now = time.time()
+    due = now + lease_seconds(dict(box.team.config))
+    lapsed = []
+    for task in known.values():
+        if task.delegated_by != box.agent or not task.lease_until or not task.open:
+            continue
+        if task.told.startswith(f"{task.lease_until} "):
+            continue  # told already: a renewal holds a lease from then
+        if task.stalled:
+            lapsed.append(task)
+        else:
+            due = min(due, parse_ts(task.lease_until))
     if not lapsed:
-        return []
+        return due
     mark = new_id()  # the first claim of a lapse tells it: two processes tell it once
     for task in lapsed:
         box.store.log_append(LOG, stalled(task.id, task.lease_until, mark))
     known, _ = load(box.store)
-    told = []
     for task in lapsed:
-        now = known.get(task.id)
-        if now is None or now.told != f"{task.lease_until} {mark}":
+        told = known.get(task.id)
+        if told is None or told.told != f"{task.lease_until} {mark}":
             continue
         box._send(box.agent, MessageType.TASK_STALLED,
                   f"task {task.id} stalled: {task.assignee} has not renewed its lease since "
@@ -602,19 +614,22 @@ def look(box: Mailbox) -> list[Task]:
                    "lease_until": task.lease_until}, task.assignment,
                   protocols.derived_id(task.assignment, "stalled", task.lease_until),
                   task.assignment)  # fmt: skip
-        told.append(now)
-    return told
+    return due
 
 
-def before_read(box: Mailbox) -> None:
+def before_read(box: Mailbox, due: float) -> float:
     """What a read of my inbox does first (at most once a second): release the
-    assignments held while I slept, and tell me of my delegations that stalled."""
+    assignments held while I slept, and, once ``due`` (time.time) has come, tell me of
+    my delegations that stalled; return when to look again."""
     release_held(box)
+    if time.time() < due:
+        return due
     try:
-        look(box)
+        return look(box)
     except MailError as exc:  # a notice: never stop mail for it
         warnings.warn(f"cannot tell {box.agent} of a stalled task: {exc}", RuntimeWarning,
                       stacklevel=3)  # fmt: skip
+        return time.time() + 1.0
 
 
 def wait_for_result(box: Mailbox, task: Task, timeout: float, since: int) -> Message | None:
