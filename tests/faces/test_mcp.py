@@ -8,7 +8,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +16,9 @@ import anyio
 import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
-from mcp.types import CallToolResult
 
 from ralph_mail import MessageBus, MessageType
-from ralph_mail.mcp_server import build
+from tests.helpers.mcp_client import refused, run_in_client, text
 from tests.helpers.processes import BOUND_S, Processes, cli_env, ralph
 
 TOOLS = {
@@ -28,36 +27,6 @@ TOOLS = {
     "conversation_history", "search_messages", "report_status", "submit_plan",
     "respond_shutdown",
 }  # fmt: skip
-
-
-def text(result: CallToolResult) -> str:
-    (block,) = result.content
-    return block.text  # type: ignore[union-attr]
-
-
-def refused(result: CallToolResult) -> str:
-    """The one-line message of an error result (never the SDK's generic wrapper)."""
-    assert result.is_error, text(result)
-    message = text(result)
-    assert "\n" not in message and not message.startswith("Error executing tool"), message
-    return message
-
-
-def run_in_client(
-    home: Path, agent: str, body: Callable[[Client], Coroutine[Any, Any, None]]
-) -> None:
-    """Serve ``agent`` of team 'demo' in process and run ``body`` with a client on it."""
-
-    async def main() -> None:
-        server, box = build("demo", agent, home)
-        box.start()
-        try:
-            async with Client(server) as client:
-                await body(client)
-        finally:
-            box.close()
-
-    anyio.run(main)
 
 
 def in_thread(action: Callable[[], object]) -> threading.Thread:

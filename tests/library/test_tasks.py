@@ -241,7 +241,7 @@ def test_the_tree_draws_deep_chains_and_parents_that_name_each_other() -> None:
 
     def task(id: str, parent: str | None) -> Task:
         ts = "2026-11-23T10:00:00.000000Z"
-        return Task(id, f"do {id}", "lead", "worker-1", parent, "normal", "pending", "", ts, ts,
+        return Task(id, f"do {id}", "lead", "worker-1", parent, "normal", "submitted", "", ts, ts,
                     "0" * 12)  # fmt: skip
 
     chain = {f"t{i}": task(f"t{i}", f"t{i - 1}" if i else None) for i in range(5000)}

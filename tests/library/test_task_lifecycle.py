@@ -10,7 +10,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import BOUND_S
 
 from ralph_mail import (
     EventKind,
@@ -24,6 +23,7 @@ from ralph_mail import (
 )
 from ralph_mail.govern.tasklog import SNAPSHOT_KEY, Task, load
 from ralph_mail.team import update_team
+from tests.helpers.processes import BOUND_S, wait_until
 
 
 @pytest.fixture
@@ -41,14 +41,6 @@ def online(*agents: str) -> None:
 
 def task_of(bus: MessageBus, task_id: str) -> Task:
     return next(task for task in bus.tasks() if task.id == task_id)
-
-
-def until(check: Callable[[], bool], what: str) -> None:
-    """Wait (bounded) for ``check``, which depends on the clock (a lease, a deadline)."""
-    end = time.monotonic() + BOUND_S
-    while not check():
-        assert time.monotonic() < end, f"not within {BOUND_S} s: {what}"
-        time.sleep(0.05)
 
 
 def of_type(bus: MessageBus, kind: str) -> list[object]:
@@ -86,7 +78,7 @@ def test_a_lapsed_lease_stalls_the_task_and_tells_the_delegator_once(team: Team)
     lead, worker = MessageBus("demo", "lead"), MessageBus("demo", "worker-1")
     lead.delegate("worker-1", "draft it", id="T-1")
     worker.start("T-1")  # and then nothing: its process is gone
-    until(lambda: task_of(lead, "T-1").stalled, "the lease lapses")
+    wait_until(lambda: task_of(lead, "T-1").stalled, "the lease lapses")
     notice = lead.wait_for_message("task_stalled", timeout=BOUND_S)
     assert notice is not None and notice.metadata["taskId"] == "T-1"
     assert (notice.from_agent, notice.to_agent, notice.metadata["assignee"]) == (
@@ -105,7 +97,7 @@ def test_a_renewal_after_a_stall_clears_it(team: Team) -> None:
     lead, worker = MessageBus("demo", "lead"), MessageBus("demo", "worker-1")
     lead.delegate("worker-1", "draft it", id="T-1")
     worker.start("T-1")
-    until(lambda: task_of(lead, "T-1").stalled, "the lease lapses")
+    wait_until(lambda: task_of(lead, "T-1").stalled, "the lease lapses")
     assert not worker.heartbeat("T-1").stalled
 
 
@@ -251,7 +243,7 @@ def test_past_its_deadline_a_task_fails_and_its_open_subtasks_are_canceled(team:
     sub = w1.delegate("worker-2", "the numbers", id="T-2", parent="T-1", deadline="2h")
     assert sub.deadline == task.deadline  # capped at its parent's
     w1.start("T-1")
-    until(lambda: not task_of(lead, "T-1").open, "the deadline passes")
+    wait_until(lambda: not task_of(lead, "T-1").open, "the deadline passes")
     ended = task_of(lead, "T-1")
     assert (ended.status, ended.result, ended.updated) == ("failed", "deadline passed",
                                                            task.deadline)  # fmt: skip
@@ -355,7 +347,7 @@ def test_a_team_agent_starts_renews_and_hears_of_a_cancel(team: Team) -> None:
         taken = agent.next_task(timeout=BOUND_S)
         assert taken is not None and taken.id == "T-1"
         first = task_of(lead, "T-1").lease_until
-        until(lambda: task_of(lead, "T-1").lease_until > first, "the lease is renewed")
+        wait_until(lambda: task_of(lead, "T-1").lease_until > first, "the lease is renewed")
         assert task_of(lead, "T-1").status == "working"
         lead.cancel("T-1", reason="changed")
         agent.process_pending_messages()

@@ -11,14 +11,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-
-from conftest import BOUND_S, Processes, cli_env, ralph
 
 from ralph_mail import Message, MessageBus, Team, create_team
 from ralph_mail.message import decode_lines
 from ralph_mail.team import update_team
+from tests.helpers.processes import BOUND_S, Processes, cli_env, gone, ralph, wait_until
 
 
 def runner(procs: Processes, home: Path, team: str, agent: str, script: str,
@@ -33,16 +31,8 @@ def runner(procs: Processes, home: Path, team: str, agent: str, script: str,
              script], stdout=subprocess.DEVNULL, stderr=notes, env=env,
         )  # fmt: skip
     procs.started.append(child)
-    until(lambda: b"answers with sh" in log.read_bytes(), f"{agent}'s runner to start")
+    wait_until(lambda: b"answers with sh" in log.read_bytes(), f"{agent}'s runner to start")
     return child
-
-
-def until(check: Callable[[], bool], what: str) -> None:
-    """Poll ``check`` until it holds, at most BOUND_S seconds."""
-    end = time.monotonic() + BOUND_S
-    while not check():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def inbox(bus: MessageBus, agent: str) -> list[Message]:
@@ -54,11 +44,6 @@ def inbox(bus: MessageBus, agent: str) -> list[Message]:
             return found
         found += [m for m in decode_lines(data.split(b"\n")[:-1])[0] if isinstance(m, Message)]
         offset += len(data)
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (a zombie counts: nobody reaped it)."""
-    return Path(f"/proc/{pid}").exists()
 
 
 def pids(path: Path) -> list[int]:
@@ -88,7 +73,7 @@ def test_an_assignee_killed_9_stalls_and_the_task_moves_with_one_result(
     lead = MessageBus("demo", "lead")
     since = lead.store.size("lead")
     task = lead.delegate("worker-1", "draft the post", id="T-1")
-    until((tmp_path / "w1.started").exists, "worker-1's job to start")
+    wait_until((tmp_path / "w1.started").exists, "worker-1's job to start")
     orphan = int((tmp_path / "w1.pid").read_text())
     try:
         w1.kill()
@@ -101,7 +86,7 @@ def test_an_assignee_killed_9_stalls_and_the_task_moves_with_one_result(
             "worker-2", "from worker-2"
         )  # fmt: skip
         (tmp_path / "go").touch()  # the job of the dead runner finishes and reports late
-        until((tmp_path / "w1.rc").exists, "the orphaned job's 'task done'")
+        wait_until((tmp_path / "w1.rc").exists, "the orphaned job's 'task done'")
         assert (tmp_path / "w1.rc").read_text().strip() == "3"
         assert b"reassigned to worker-2" in (tmp_path / "w1.out").read_bytes()
         results = [m for m in inbox(lead, "lead") if m.type == "task_result"]
@@ -182,19 +167,21 @@ def test_canceling_a_three_level_tree_of_runs_kills_every_job_and_leaves_nothing
     lead = MessageBus("tree", "lead")
     lead.delegate("a", "the whole report", id="T-1")
     started = [tmp_path / f"started.{name}" for name in "abc"]
-    until(lambda: all(path.exists() for path in started), "the three jobs to start")
+    wait_until(lambda: all(path.exists() for path in started), "the three jobs to start")
     jobs = pids(tmp_path / "pids")
     assert len(jobs) == 8  # three jobs, their three sleeps, two nested delegates
     try:
         lead.cancel("T-1", reason="the brief changed")
-        until(lambda: not any(alive(pid) for pid in jobs), "every job's process to end")
+        wait_until(lambda: all(gone(pid) for pid in jobs), "every job's process to end")
         states = sorted((t.parent or "", t.status, t.ended_by) for t in lead.tasks())
         assert [s[1:] for s in states] == [("canceled", "lead")] * 3
         left = [path.name for path in Path("/proc").iterdir() if path.name.isdigit()
                 and _mentions(path, str(tmp_path))]  # fmt: skip
         assert sorted(int(pid) for pid in left) == sorted(r.pid for r in runners)
         for log in (tmp_path / f"{name}.log" for name in "abc"):  # each run ends unanswered
-            until(lambda log=log: b"its task canceled: no answer" in log.read_bytes(), log.name)
+            wait_until(
+                lambda log=log: b"its task canceled: no answer" in log.read_bytes(), log.name
+            )
     finally:
         kill_all(jobs)
 
@@ -221,7 +208,7 @@ def test_a_run_past_its_deadline_is_killed_and_the_task_fails(
         assert done.returncode == 3, done.stderr
         assert b"deadline passed" in done.stdout + done.stderr
         assert len(jobs) == 2
-        until(lambda: not any(alive(pid) for pid in jobs), "the job to be killed")
+        wait_until(lambda: all(gone(pid) for pid in jobs), "the job to be killed")
         with MessageBus("demo", "lead") as lead:
             task = lead.tasks()[0]
         assert (task.status, task.result) == ("failed", "deadline passed")
