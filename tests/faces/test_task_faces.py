@@ -132,3 +132,16 @@ def test_top_shows_every_state_whole_in_its_80_column_layout() -> None:
     assert words == {"submitted", "working", "input req", "completed", "failed",
                      "canceled", "rejected", "stalled"}  # fmt: skip
     assert max(len(word) for word in words) <= room
+
+
+def test_the_tree_has_a_header_row_on_a_terminal_only(team: Team) -> None:
+    """tasks on a terminal puts the columns' names first; in a pipe it does not."""
+    from tests.helpers.processes import on_terminal
+
+    home = team.home
+    run(home, "presence", "idle", agent="worker-1")
+    run(home, "delegate", "worker-1", "draft it", "--id", "T-1")
+    shown = on_terminal(home, "tasks").decode().splitlines()
+    assert shown[0].split() == ["TASK", "ASSIGNEE", "STATE", "NOTES"]
+    assert shown[1].split()[:4] == ["T-1", "draft", "it", "worker-1"]
+    assert run(home, "tasks")[1].splitlines()[0].startswith("T-1  draft it")
