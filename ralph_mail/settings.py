@@ -25,6 +25,21 @@ WATCH_SAFETY_POLL_S: Final = 1.0
 WATCH_STOP_CHECK_S: Final = 0.05
 #: Poll interval (ms) when file events are unavailable and the waiter falls back to polling.
 WATCH_POLL_DELAY_MS: Final = 10
+#: A polling waiter stretches its interval by this factor at each look that finds nothing,
+#: up to WATCH_POLL_MAX_MS, and goes back to WATCH_POLL_DELAY_MS when something changed:
+#: an idle poller costs a few stats a second, not a hundred.
+WATCH_POLL_BACKOFF: Final = 1.5
+WATCH_POLL_MAX_MS: Final = 500
+#: The safety poll (WATCH_SAFETY_POLL_S) doubles while nothing comes, up to this (s): a
+#: thousand idle waiters each re-reading every second would cost several % of a core.
+WATCH_SAFETY_POLL_MAX_S: Final = 30.0
+#: A wait given a stop event looks at it after WATCH_STOP_CHECK_S, then ever less often
+#: while nothing happens, up to this (s).
+WATCH_STOP_CHECK_MAX_S: Final = 1.0
+#: How waits learn that mail came (``$RALPH_WAIT``): ``bell`` (a sender rings a FIFO the
+#: waiter registered), ``inotify``, ``watchfiles`` (its public API), ``poll``; ``auto``
+#: takes the first of bell, inotify, watchfiles, poll that can be had.
+WAIT_MECHANISMS: Final = ("auto", "bell", "inotify", "watchfiles", "poll")
 
 #: How much of an inbox `tail` reads per step backwards from the end.
 TAIL_CHUNK_BYTES: Final = 64 * 1024
@@ -177,3 +192,21 @@ def gc_auto_bytes(value: int | None = None) -> int:
     if value is not None:
         return value
     return _env_count("RALPH_GC_AUTO_BYTES", GC_AUTO_BYTES)
+
+
+def wait_mechanism(value: str | None = None) -> str:
+    """How waits wake: the argument, else ``$RALPH_WAIT``, else ``auto``; ``poll`` when
+    ``WATCHFILES_FORCE_POLLING`` is set (watchfiles' own switch) and nothing else is.
+
+    >>> wait_mechanism("poll")
+    'poll'
+    """
+    raw = value if value is not None else os.environ.get("RALPH_WAIT", "").strip().lower()
+    if not raw:
+        forced = os.environ.get("WATCHFILES_FORCE_POLLING", "").strip().lower()
+        return "poll" if forced and forced not in {"false", "disable", "disabled", "0"} else "auto"
+    if raw not in WAIT_MECHANISMS:
+        from ralph_mail.errors import MailError
+
+        raise MailError(f"invalid RALPH_WAIT={raw!r}: give one of {', '.join(WAIT_MECHANISMS)}")
+    return raw

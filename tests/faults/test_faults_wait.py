@@ -66,12 +66,13 @@ print(",".join(got), flush=True)
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare for its own limits")
 @pytest.mark.parametrize("kind", ["watches", "instances"])
 def test_waits_fall_back_to_polling_at_the_inotify_limits(team: Team, kind: str) -> None:
-    """With no inotify watch or instance left, a wait warns, polls, and gets every message."""
+    """Waiting on inotify with no watch or instance left, a wait warns, polls, and gets
+    every message."""
     proc = subprocess.Popen(
         ["unshare", "-Ur", sys.executable, "-c", LIMITED, kind],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=cli_env(team.home),
+        env=cli_env(team.home, RALPH_WAIT="inotify"),
     )
     try:
         assert proc.stdout is not None

@@ -16,6 +16,8 @@ Layout of one team (``$RALPH_HOME/teams/<team>/``)::
     index/<key>.idx            where the lines of a conversation or a thread are
     logs/<name>.jsonl          team logs, append-only: tasks.jsonl, the task tree
     tmp/                       gc's copies of inboxes, renamed over them when whole
+    bells/<key>/<pid>-<rand>   the doorbell (a FIFO) of a process waiting on log <key>,
+                               rung by senders after an append (see bells.py)
     gc.lock                    keeps two gc runs of the team apart
     roster.lock                keeps two rewrites of team.json apart
 
@@ -46,7 +48,7 @@ from ralph_mail.store.files.slots import SlotFile
 #: The directories beside ``mailbox/``, made with the team.
 SUBDIRS = (
     "cursors", "consumers", "presence", "deadletters", "bases", "state", "index", "logs", "tmp",
-    "archive", "channels",
+    "archive", "channels", "bells",
 )  # fmt: skip
 
 
@@ -258,6 +260,9 @@ def remove_team_files(home: Path, name: str) -> None:
     target = teams_dir(home) / name
     doomed = teams_dir(home) / f".{name}.{os.getpid()}.{time.time_ns()}.deleted"
     os.rename(target, doomed)
+    from ralph_mail.store.files.bells import ring_all  # bells.py builds on this module
+
+    ring_all(str(doomed))
     import shutil
 
     shutil.rmtree(doomed)

@@ -20,6 +20,7 @@ from ralph_mail.message import check_name
 from ralph_mail.settings import FILE_MODE
 from ralph_mail.store.base import Compaction, Cursor, check_key
 from ralph_mail.store.files.archive import Archive
+from ralph_mail.store.files.bells import Bell, PollingNote, ring
 from ralph_mail.store.files.inbox import READ_MAX_BYTES, InboxState
 from ralph_mail.store.files.layout import log_place
 from ralph_mail.store.files.posix import open_file, read_file, store_error, write_all
@@ -58,9 +59,11 @@ class Logs(TeamFiles):
 
     def append(self, agent: str, head: bytes, tail: bytes) -> tuple[str, int]:
         try:
-            return self._log(agent).append(head, tail, self.durable)
+            written = self._log(agent).append(head, tail, self.durable)
         except OSError as exc:
             raise store_error(exc, f"inbox {self.inbox_path(agent)}", "append to") from None
+        ring(self.dirs, agent)  # one failed openat when nobody waits
+        return written
 
     def read(self, agent: str, offset: int, *, skip_collected: bool = False) -> tuple[bytes, int]:
         try:
@@ -119,10 +122,12 @@ class Logs(TeamFiles):
             raise
         except OSError as exc:
             raise store_error(exc, str(self.inbox_path(key)), "create") from None
+        ring(self.dirs, key)
 
     def waiter(self, agents: list[str]) -> Watcher:
         """A watcher woken by changes to these inboxes, channels (``#NAME``) and team logs
-        (``log:NAME``), and by their replacement."""
+        (``log:NAME``), and by their replacement: by their senders' doorbell (bells.py),
+        or file events, or polling (watch.py)."""
         self.dirs.get("mailbox", create=False)  # a missing or deleted team: a clear error now
         places: dict[str, list[str]] = {"mailbox": []}
         for key in agents:
@@ -131,7 +136,14 @@ class Logs(TeamFiles):
             self.dirs.get(where)
         mailbox = places.pop("mailbox")
         more = {self.dirs.path(where): names for where, names in places.items()}
-        return Watcher(self.dirs.path("mailbox"), mailbox, more)
+        dirs = self.dirs
+        return Watcher(
+            self.dirs.path("mailbox"),
+            mailbox,
+            more,
+            bell=lambda: Bell(dirs, agents),
+            note=lambda reason: PollingNote(dirs, reason),
+        )
 
     def purge_archive(self, agent: str, before: str, *, timeout: float = 0.0) -> int:
         """Drop ``agent``'s archived messages older than ``before`` (a ts); return where
@@ -297,6 +309,7 @@ class Logs(TeamFiles):
                 os.close(fd)
         except OSError as exc:
             raise store_error(exc, where, "append to", "nothing was recorded") from None
+        ring(self.dirs, f"log:{name}")
 
     def log_read(self, name: str) -> bytes:
         check_key(name, "log name")
