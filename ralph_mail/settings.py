@@ -30,7 +30,7 @@ WATCH_POLL_DELAY_MS: Final = 10
 #: an idle poller costs a few stats a second, not a hundred.
 WATCH_POLL_BACKOFF: Final = 1.5
 WATCH_POLL_MAX_MS: Final = 500
-#: The safety poll (WATCH_SAFETY_POLL_S) doubles while nothing comes, up to this (s): a
+#: The safety poll (WATCH_SAFETY_POLL_S) stretches while nothing comes, up to this (s): a
 #: thousand idle waiters each re-reading every second would cost several % of a core.
 WATCH_SAFETY_POLL_MAX_S: Final = 30.0
 #: A wait given a stop event looks at it after WATCH_STOP_CHECK_S, then ever less often
@@ -192,6 +192,18 @@ def gc_auto_bytes(value: int | None = None) -> int:
     if value is not None:
         return value
     return _env_count("RALPH_GC_AUTO_BYTES", GC_AUTO_BYTES)
+
+
+def safety_poll(waited: float) -> float:
+    """How long a wait that has waited ``waited`` seconds may block before it reads again
+    with no event: as long as it has waited, within WATCH_SAFETY_POLL_S and
+    WATCH_SAFETY_POLL_MAX_S; so an event lost at most doubles a wait, and an idle waiter
+    reads twice a minute.
+
+    >>> safety_poll(0.0), safety_poll(5.0), safety_poll(3600.0)
+    (1.0, 5.0, 30.0)
+    """
+    return min(max(waited, WATCH_SAFETY_POLL_S), WATCH_SAFETY_POLL_MAX_S)
 
 
 def wait_mechanism(value: str | None = None) -> str:

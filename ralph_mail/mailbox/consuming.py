@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from ralph_mail.errors import InboxBusy, InvalidMessage, LockTimeout, MailError
 from ralph_mail.message import Message, MessageType, check_type, decode_lines
-from ralph_mail.settings import WATCH_SAFETY_POLL_S
+from ralph_mail.settings import WATCH_SAFETY_POLL_S, safety_poll
 from ralph_mail.store.base import Cursor, StopEvent, TeamStore, Waiter
 
 _T = TypeVar("_T")
@@ -312,7 +312,8 @@ class Consuming:
         found = attempt()
         if found or timeout == 0:
             return found
-        deadline = None if timeout is None else time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
         look = self._watcher is None  # a watcher made now missed what came before it
         watcher = self._watch()
         while True:
@@ -321,7 +322,7 @@ class Consuming:
                 if found or (stop is not None and stop.is_set()):
                     return found
             look = True
-            remaining = WATCH_SAFETY_POLL_S
+            remaining = safety_poll(time.monotonic() - started)
             if deadline is not None:
                 remaining = min(remaining, deadline - time.monotonic())
                 if remaining <= 0:
@@ -378,7 +379,7 @@ class Consuming:
                 with self._lock:
                     self._ask_waiters.append(waiter)
                 continue  # read once more: the answer may have come while it started
-            waiter.wait(min(remaining, WATCH_SAFETY_POLL_S), stop)
+            waiter.wait(min(remaining, safety_poll(timeout - remaining)), stop)
 
 
 def _find(entries: deque[tuple[int, Message]], message: Message) -> int:

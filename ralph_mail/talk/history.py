@@ -25,7 +25,7 @@ from ralph_mail.message import (
     decode_lines,
     format_ts,
 )
-from ralph_mail.settings import WATCH_SAFETY_POLL_S
+from ralph_mail.settings import safety_poll
 from ralph_mail.store.base import StopEvent
 from ralph_mail.team import load_team
 
@@ -125,12 +125,14 @@ class History:
     def follow(self, stop: StopEvent | None = None) -> Iterator[list[Message]]:
         """Yield each batch of new messages as it arrives, until ``stop`` is set."""
         watcher = self._store.waiter(self.agents)
+        quiet = time.monotonic()  # since when nothing came
         try:
             while stop is None or not stop.is_set():
                 batch = self.new()
                 if batch:
+                    quiet = time.monotonic()
                     yield batch
-                watcher.wait(WATCH_SAFETY_POLL_S, stop)
+                watcher.wait(safety_poll(time.monotonic() - quiet), stop)
         finally:
             watcher.close()
 
