@@ -20,7 +20,7 @@ from tests.helpers import REPO
 
 SECTIONS = {
     "send", "writers", "read", "wakeup", "ask", "conversation", "search", "channels",
-    "mcp_server", "dashboard", "nats_backend", "cli", "fanout",
+    "mcp_server", "dashboard", "nats_backend", "cli", "fanout", "scale",
 }  # fmt: skip
 TARGETS = {
     "nats_send",

@@ -1,0 +1,145 @@
+"""Many agents waiting on one host: idle CPU, wake-up latency and memory at N = 10, 100, 1,000.
+
+Each N gets two hives (bench/hive.py) started side by side: N agents waiting in
+``MessageBus.wait_for_messages`` (the default wait: the doorbell), and N processes each
+blocked reading a FIFO, the kernel's floor for waking one of N processes, measured in
+the same run so the machine's load weighs on both alike.
+
+- Idle: once every agent got one message and then nothing for `SETTLE_S` (the safety
+  poll has stretched out, as it does for an agent left waiting), the CPU of all N
+  agents together over `IDLE_S`, in % of one core, from /proc/<pid>/schedstat; and how
+  often they woke (voluntary context switches) per agent per minute.
+- Wake-up: one message at a time to one agent after another, in a shuffled order,
+  alternating with a write into one FIFO of the baseline; each agent reports its
+  CLOCK_MONOTONIC minus the stamp taken just before the send. p50 and p99 of each, and
+  the p99 beyond the baseline's.
+- Memory: each agent's resident set (VmRSS) and its own part (private pages: the
+  agents are forked from one process that imported ralph_mail, as the hive does).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import time
+from typing import Final
+
+from bench.common import Row, Section, Sizes, Workspace, percentile, ralph
+from bench.hive import Hive, counters, memory
+
+#: The numbers of waiting agents each mode measures.
+SCALE_SIZES: Final = {"full": (10, 100, 1000), "quick": (10, 100), "smoke": (3,)}
+#: Quiet time before the idle window (s): longer than the safety poll's longest stretch.
+SETTLE_S: Final = {"full": 35.0, "quick": 35.0, "smoke": 0.2}
+#: The idle window (s).
+IDLE_S: Final = {"full": 20.0, "quick": 10.0, "smoke": 0.3}
+#: At least this many wake-up samples per N (rounds over the agents for a small N).
+MIN_SAMPLES: Final = {"full": 300, "quick": 100, "smoke": 3}
+#: The pause between two wake-ups (s), so one agent's wake-up does not queue behind another's.
+GAP_S: Final = 0.004
+#: How long the hives may take to start every agent (s): a thousand on a loaded machine.
+START_S: Final = 600.0
+
+
+def run(sizes: Sizes, ws: Workspace) -> Section:
+    """One row set per N: idle CPU, wake p50/p99 beside the pipe floor, memory."""
+    sec = Section("scale", "Agents waiting on one host (idle CPU, wake-up ms, memory)")
+    rm = ralph()
+    for n in SCALE_SIZES[sizes.name]:
+        rows = _rows(sec, n, rm if isinstance(rm, str) else "ok")
+        if rows[0].status != "ok":
+            continue
+        try:
+            _measure(n, sizes.name, ws, rows)
+        except Exception as exc:  # one N failing must not sink the others
+            for row in rows:
+                if not row.values:
+                    row.status = f"failed: {type(exc).__name__}: {exc}"
+    return sec
+
+
+def _rows(sec: Section, n: int, status: str) -> tuple[Row, Row, Row, Row]:
+    idle = Row(f"idle_{n}", f"{n} agents waiting, idle: CPU of all together", "% core",
+               "lower", status=status, extra={"wakeups_per_agent_min": []},
+               note="extra: wake-ups per agent per minute")  # fmt: skip
+    pipe = Row(f"pipe_{n}", f"{n} processes blocked on a FIFO: wake-up (floor)", "ms",
+               "lower", status=status, extra={"p99_ms": []}, note="figure = p50")  # fmt: skip
+    wake = Row(f"wake_{n}", f"{n} agents waiting: wake-up on a send", "ms", "lower",
+               anchor=pipe.key, status=status,
+               extra={"p99_ms": [], "p99_beyond_floor_ms": []},
+               note="figure = p50; extra: p99, and p99 minus the floor's p99")  # fmt: skip
+    rss = Row(f"rss_{n}", f"{n} agents waiting: memory per agent (RSS)", "MiB", "lower",
+              status=status, extra={"private_mib": []},
+              note="extra: private pages per agent (forked from one importer)")  # fmt: skip
+    for row in (idle, pipe, wake, rss):
+        sec.add(row)
+    return idle, pipe, wake, rss
+
+
+def _measure(n: int, mode: str, ws: Workspace, rows: tuple[Row, Row, Row, Row]) -> None:
+    rm = ralph()
+    assert not isinstance(rm, str)
+    idle, pipe, wake, rss = rows
+    home = ws.fresh(f"scale{n}")
+    fifos = ws.fresh(f"scale{n}-fifos")
+    names = [f"a{i}" for i in range(n)]
+    rm.create_team("scale", ["sender", *names], home=home)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RALPH_")}
+    with (
+        Hive({"kind": "ralph", "agents": names, "home": str(home), "team": "scale"}, env) as bees,
+        Hive({"kind": "pipe", "agents": names, "fifos": str(fifos)}, env) as floor,
+    ):
+        pids = list(bees.ready(START_S).values())
+        floor.ready(START_S)
+        bus = rm.MessageBus("scale", "sender", home=home)
+        try:
+            for name in names:  # one message each: every agent has read and waits again
+                bus.send(name, "text", str(time.monotonic_ns()))
+            for _ in names:
+                bees.latency(START_S)
+            time.sleep(SETTLE_S[mode])  # the quiet the idle figure is about, not a sync
+            before, start = counters(pids), time.monotonic()
+            time.sleep(IDLE_S[mode])  # the measurement window itself
+            after, wall = counters(pids), time.monotonic() - start
+            cpu = sum(after[p].cpu_ns - before[p].cpu_ns for p in after if p in before)
+            woke = sum(after[p].wakeups - before[p].wakeups for p in after if p in before)
+            idle.values.append(cpu / 1e9 / wall * 100)
+            idle.extra["wakeups_per_agent_min"].append(woke / n / wall * 60)
+            sizes = [memory(p) for p in pids]
+            rss.values.append(statistics.median(r for r, _ in sizes))
+            rss.extra["private_mib"].append(statistics.median(p for _, p in sizes))
+            ours, floors = _wake_ups(n, mode, bus, names, bees, floor, str(fifos))
+        finally:
+            bus.close()
+    wake.values.append(percentile(ours, 50))
+    wake.extra["p99_ms"].append(percentile(ours, 99))
+    pipe.values.append(percentile(floors, 50))
+    pipe.extra["p99_ms"].append(percentile(floors, 99))
+    wake.extra["p99_beyond_floor_ms"].append(percentile(ours, 99) - percentile(floors, 99))
+
+
+def _wake_ups(
+    n: int, mode: str, bus: object, names: list[str], bees: Hive, floor: Hive, fifos: str
+) -> tuple[list[float], list[float]]:
+    """Wake one agent, then one FIFO reader, and so on; both latencies in ms."""
+    rng = random.Random(30)
+    rounds = max(1, -(-MIN_SAMPLES[mode] // n))
+    ours: list[float] = []
+    floors: list[float] = []
+    for _ in range(rounds):
+        order = list(range(n))
+        rng.shuffle(order)
+        for index in order:
+            bus.send(names[index], "text", str(time.monotonic_ns()))  # type: ignore[attr-defined]
+            ours.append(bees.latency(60.0)[1] / 1e6)
+            time.sleep(GAP_S)  # pacing, not synchronisation
+            stamp = time.monotonic_ns()
+            fd = os.open(os.path.join(fifos, f"{index}.fifo"), os.O_WRONLY | os.O_NONBLOCK)
+            try:
+                os.write(fd, f"{stamp}\n".encode())
+            finally:
+                os.close(fd)
+            floors.append(floor.latency(60.0)[1] / 1e6)
+            time.sleep(GAP_S)
+    return ours, floors
