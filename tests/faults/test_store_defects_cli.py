@@ -131,14 +131,16 @@ def until(condition: Callable[[], bool], what: str) -> None:
 
 
 def is_waiting(proc: subprocess.Popen[bytes]) -> bool:
-    """Whether ``proc`` is blocked in its wait: it has an inotify descriptor open."""
+    """Whether ``proc`` is blocked in its wait: it has an inotify descriptor, its
+    doorbell or its polling note (under the team's bells/) open."""
     try:
         names = os.listdir(f"/proc/{proc.pid}/fd")
     except FileNotFoundError:
         return False
     for name in names:
         with contextlib.suppress(OSError):
-            if os.readlink(f"/proc/{proc.pid}/fd/{name}") == "anon_inode:inotify":
+            target = os.readlink(f"/proc/{proc.pid}/fd/{name}")
+            if target == "anon_inode:inotify" or "/bells/" in target:
                 return True
     return False
 

@@ -17,8 +17,9 @@ def cli_env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RALPH_")}
     env["RALPH_HOME"] = str(home)
     env["RALPH_CHANNEL_DELAY"] = "0"
-    if os.environ.get("RALPH_BACKEND"):  # a test on another backend: its children too
-        env["RALPH_BACKEND"] = os.environ["RALPH_BACKEND"]
+    for name in ("RALPH_BACKEND", "RALPH_WAIT"):  # a run on another backend or wait: children too
+        if os.environ.get(name):
+            env[name] = os.environ[name]
     env.update(extra)
     return env
 

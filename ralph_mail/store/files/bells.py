@@ -186,30 +186,31 @@ def _release(fds: list[int], links: list[str], token: str, pid: int) -> None:
 
 
 class PollingNote:
-    """A note ``bells/.polling/<pid>-<random>`` saying why this process's waiter polls;
-    removed when it stops (a dead process's note is ignored, and removed by doctor)."""
+    """A note ``bells/.polling/<pid>-<random>`` saying why this process's waiter polls,
+    kept open while it waits (as a doorbell is: ``/proc/PID/fd`` shows who waits) and
+    removed when it stops; a dead process's note is ignored, and removed by doctor."""
 
     def __init__(self, dirs: TeamDirs, reason: str) -> None:
         self.name = f"{os.getpid()}-{secrets.token_hex(6)}"
-        self._place = open_dir(POLLING, dirs.get(BELLS), create=True)
-        fd = os.open(self.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                     | os.O_CLOEXEC, FILE_MODE, dir_fd=self._place)  # fmt: skip
+        place = open_dir(POLLING, dirs.get(BELLS), create=True)
         try:
-            os.write(fd, reason.encode("utf-8", "replace")[:400])
-        finally:
-            os.close(fd)
-        self._finalizer = weakref.finalize(self, _unnote, self._place, self.name, os.getpid())
+            fd = os.open(self.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, FILE_MODE, dir_fd=place)  # fmt: skip
+        except BaseException:
+            os.close(place)
+            raise
+        os.write(fd, reason.encode("utf-8", "replace")[:400])
+        self._finalizer = weakref.finalize(self, _unnote, place, fd, self.name, os.getpid())
 
     def close(self) -> None:
         self._finalizer()
 
 
-def _unnote(place: int, name: str, pid: int) -> None:
-    if pid != os.getpid():
-        os.close(place)
-        return
-    with contextlib.suppress(OSError):
-        os.unlink(name, dir_fd=place)
+def _unnote(place: int, fd: int, name: str, pid: int) -> None:
+    if pid == os.getpid():
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=place)
+    os.close(fd)
     os.close(place)
 
 
