@@ -329,7 +329,9 @@ def test_doctor_refuses_a_network_file_system(
 def test_doctor_warns_about_low_inotify_limits(
     team: Team, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """inotify limits below what a team needs are a warning naming the sysctl to raise."""
+    """inotify limits below what waits on inotify need are a warning naming the sysctl
+    to raise."""
+    monkeypatch.setenv("RALPH_WAIT", "inotify")
     (tmp_path / "max_user_watches").write_text("100\n")
     (tmp_path / "max_user_instances").write_text("8\n")
     monkeypatch.setattr(maintenance, "INOTIFY_SYSCTL", tmp_path)

@@ -220,7 +220,7 @@ class Waiting:
 
     Attributes:
         bells: live doorbells (one per waiting process, whatever it waits on).
-        stale: doorbells and notes of dead processes, removed just now.
+        stale: doorbells and notes left by dead processes (a send or a wait clears them).
         polling: why each live polling waiter polls (one entry per waiter).
     """
 
@@ -230,7 +230,8 @@ class Waiting:
 
 
 def survey(dirs: TeamDirs) -> Waiting:
-    """Count the team's live doorbells and polling waiters; clear dead ones' leftovers."""
+    """Count the team's live doorbells, polling waiters and dead ones' leftovers (only
+    looks: a FIFO is opened without blocking, and never written)."""
     try:
         bells = dirs.get(BELLS, create=False)
         keys = os.listdir(bells)
@@ -242,32 +243,31 @@ def survey(dirs: TeamDirs) -> Waiting:
     for key in keys:
         if key == POLLING:
             stale += _notes(bells, polling)
-            continue
-        if key.startswith("."):  # a FIFO being registered, or left by a killed waiter
+        elif key.startswith("."):  # a FIFO being registered, or left by a killed waiter
             pid = key[1:].partition("-")[0]
-            if pid.isdigit() and not pid_alive(int(pid)):
-                with contextlib.suppress(OSError):
-                    os.unlink(key, dir_fd=bells)
-                stale += 1
-            continue
-        with contextlib.suppress(OSError):
-            place = os.open(key, _DIR, dir_fd=bells)
-            try:
-                for name in os.listdir(place):
-                    try:
-                        fd = os.open(name, _RING, dir_fd=place)
-                    except OSError as exc:
-                        if exc.errno == errno.ENXIO:
-                            with contextlib.suppress(OSError):
-                                os.unlink(name, dir_fd=place)
-                            stale += 1
-                        continue
-                    info = os.fstat(fd)
-                    os.close(fd)
-                    live.add((info.st_dev, info.st_ino))
-            finally:
-                os.close(place)
+            stale += pid.isdigit() and not pid_alive(int(pid))
+        else:
+            with contextlib.suppress(OSError):
+                stale += _doorbells(os.open(key, _DIR, dir_fd=bells), live)
     return Waiting(len(live), stale, tuple(polling))
+
+
+def _doorbells(place: int, live: set[tuple[int, int]]) -> int:
+    """Add the live FIFOs of one key to ``live``; return how many are dead."""
+    dead = 0
+    try:
+        for name in os.listdir(place):
+            try:
+                fd = os.open(name, _RING, dir_fd=place)
+            except OSError as exc:
+                dead += exc.errno == errno.ENXIO
+                continue
+            info = os.fstat(fd)
+            os.close(fd)
+            live.add((info.st_dev, info.st_ino))
+    finally:
+        os.close(place)
+    return dead
 
 
 def _notes(bells: int, polling: list[str]) -> int:
@@ -277,18 +277,15 @@ def _notes(bells: int, polling: list[str]) -> int:
         try:
             for name in os.listdir(place):
                 pid = name.partition("-")[0]
-                if pid.isdigit() and pid_alive(int(pid)):
-                    with contextlib.suppress(OSError):
-                        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                     dir_fd=place)  # fmt: skip
-                        try:
-                            polling.append(os.read(fd, 400).decode("utf-8", "replace"))
-                        finally:
-                            os.close(fd)
-                else:
-                    with contextlib.suppress(OSError):
-                        os.unlink(name, dir_fd=place)
+                if not (pid.isdigit() and pid_alive(int(pid))):
                     stale += 1
+                    continue
+                with contextlib.suppress(OSError):
+                    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=place)
+                    try:
+                        polling.append(os.read(fd, 400).decode("utf-8", "replace"))
+                    finally:
+                        os.close(fd)
         finally:
             os.close(place)
     return stale

@@ -149,48 +149,91 @@ def _read_int(path: Path) -> int | None:
 
 
 def _inotify(root: Path) -> list[Finding]:
+    try:
+        mechanism = settings.wait_mechanism()
+    except MailError as exc:
+        return [Finding("fail", "inotify", str(exc))]
+    # Doorbells (the default) need no inotify instance; inotify and watchfiles one each.
+    needed = mechanism in ("inotify", "watchfiles")
     findings = []
     watches = _read_int(INOTIFY_SYSCTL / "max_user_watches")
     instances = _read_int(INOTIFY_SYSCTL / "max_user_instances")
     if watches is None or instances is None:
+        text = f"no inotify limits found ({_WAYS[mechanism]})"
         findings.append(
-            Finding("warn", "inotify", "no inotify limits found: waits will poll every 10 ms")
+            Finding("warn", "inotify", text) if needed else Finding("ok", "inotify", text)
         )
     else:
         text = f"inotify limits: max_user_watches={watches}, max_user_instances={instances}"
         low = watches < settings.INOTIFY_MIN_WATCHES or instances < settings.INOTIFY_MIN_INSTANCES
-        if low:
+        if low and needed:
             findings.append(
                 Finding(
                     "warn",
                     "inotify",
-                    f"{text}: low for a team (one instance per waiting agent); raise them with "
-                    "sysctl fs.inotify.max_user_watches=65536 fs.inotify.max_user_instances=512",
+                    f"{text}: low for RALPH_WAIT={mechanism} (one instance per waiting "
+                    "process); raise them with sysctl fs.inotify.max_user_watches=65536 "
+                    "fs.inotify.max_user_instances=512, or unset RALPH_WAIT for doorbells",
                 )
             )
         else:
-            findings.append(Finding("ok", "inotify", text))
-    forced = os.environ.get("WATCHFILES_FORCE_POLLING", "")
-    if forced and forced.lower() not in {"false", "disable", "disabled", "0"}:
+            findings.append(Finding("ok", "inotify", f"{text} ({_WAYS[mechanism]})"))
+    if mechanism == "poll":
+        why = "RALPH_WAIT=poll" if os.environ.get("RALPH_WAIT") else "WATCHFILES_FORCE_POLLING"
         findings.append(
             Finding(
                 "warn",
                 "inotify",
-                "WATCHFILES_FORCE_POLLING is set: waits poll every "
-                f"{settings.WATCH_POLL_DELAY_MS} ms instead of waking on file events; unset it",
+                f"waits poll ({why} is set): every {settings.WATCH_POLL_DELAY_MS} ms after "
+                f"mail, up to {settings.WATCH_POLL_MAX_MS} ms while idle; unset it for doorbells",
             )
         )
-    elif not watcher_works(_existing(root)):
+    elif needed and not watcher_works(_existing(root)):
         findings.append(
             Finding(
                 "warn",
                 "inotify",
                 "file events are unavailable here (an inotify limit is reached, or the file "
-                f"system has none): waits poll every {settings.WATCH_POLL_DELAY_MS} ms; raise "
-                "fs.inotify.max_user_watches and max_user_instances",
+                f"system has none): waits with RALPH_WAIT={mechanism} poll; raise "
+                "fs.inotify.max_user_watches and max_user_instances, or unset RALPH_WAIT",
             )
         )
     return findings
+
+
+#: What each setting of RALPH_WAIT means for inotify, for doctor's line.
+_WAYS: Final = {
+    "auto": "waits ring doorbells and need no inotify instance",
+    "bell": "waits ring doorbells and need no inotify instance",
+    "inotify": "RALPH_WAIT=inotify: one instance per waiting process",
+    "watchfiles": "RALPH_WAIT=watchfiles: one instance per waiting process",
+    "poll": "RALPH_WAIT=poll: waits poll",
+}
+
+
+def _waits(store: FileStore) -> Finding:
+    """How the processes waiting on the team now learn of mail: doorbells, or polling."""
+    waiting = store.waiting()
+    where = store.root / "bells"
+    stale = f"; {waiting.stale} left by dead processes (cleared by the next send)" * bool(
+        waiting.stale
+    )
+    if not waiting.polling:
+        return Finding("ok", "waits", f"team {store.team!r}: {waiting.bells} waiting "
+                       f"process(es) on doorbells, none polling{stale}", where)  # fmt: skip
+    reasons: dict[str, int] = {}
+    for reason in waiting.polling:
+        reasons[reason] = reasons.get(reason, 0) + 1
+    why = "; ".join(f"{count} because {reason}" for reason, count in reasons.items())
+    count = len(waiting.polling)
+    return Finding(
+        "warn",
+        "waits",
+        f"team {store.team!r}: {count} waiter{' polls' if count == 1 else 's poll'} ({why}), "
+        f"{waiting.bells} on doorbells{stale}: a poller wakes up to "
+        f"{settings.WATCH_POLL_MAX_MS} ms late",
+        where,
+    )
 
 
 def _existing(path: Path) -> Path:
@@ -275,6 +318,7 @@ def _team(store: FileStore, names: tuple[str, ...], lock_wait: float) -> list[Fi
             )
         for agent in names:
             findings.extend(_inbox(store, agent, lock_wait))
+        findings.append(_waits(store))
         for path in store.stale_temp_files():
             findings.append(
                 Finding(

@@ -20,7 +20,7 @@ from ralph_mail.message import check_name
 from ralph_mail.settings import FILE_MODE
 from ralph_mail.store.base import Compaction, Cursor, check_key
 from ralph_mail.store.files.archive import Archive
-from ralph_mail.store.files.bells import Bell, PollingNote, ring
+from ralph_mail.store.files.bells import Bell, PollingNote, Waiting, ring, survey
 from ralph_mail.store.files.inbox import READ_MAX_BYTES, InboxState
 from ralph_mail.store.files.layout import log_place
 from ralph_mail.store.files.posix import open_file, read_file, store_error, write_all
@@ -144,6 +144,11 @@ class Logs(TeamFiles):
             bell=lambda: Bell(dirs, agents),
             note=lambda reason: PollingNote(dirs, reason),
         )
+
+    def waiting(self) -> Waiting:
+        """How many processes wait on the team now, on doorbells or polling, and why
+        (for doctor)."""
+        return survey(self.dirs)
 
     def purge_archive(self, agent: str, before: str, *, timeout: float = 0.0) -> int:
         """Drop ``agent``'s archived messages older than ``before`` (a ts); return where

@@ -1,0 +1,213 @@
+"""Many agents waiting on one host, and the ways a wait can learn that mail came.
+
+Hundreds of real waiting processes (forked from one hive, bench/hive.py) must all wake,
+hold no inotify instance (a user has 128), and cost nothing while idle: counted as the
+times each was woken (/proc's voluntary context switches), not timed. The wait contract
+runs on every way of waiting that ``RALPH_WAIT`` can pick.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import BOUND_S, Processes, cli_env
+
+from ralph_mail import MessageBus, Team, create_team
+from ralph_mail.errors import MailError
+from ralph_mail.maintenance import doctor
+from ralph_mail.settings import wait_mechanism
+from ralph_mail.store.files import FileStore
+from ralph_mail.store.files.bells import survey
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench.hive import Hive, counters  # noqa: E402 - the bench's hive, beside the tests
+
+#: How many waiting agents the default suite starts (the stress run: a thousand).
+AGENTS = 300
+#: The idle window whose wake-ups are counted (s).
+IDLE_S = 2.0
+
+
+def _inotify_descriptors(pid: int) -> int:
+    count = 0
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{name}") == "anon_inode:inotify":
+                count += 1
+        except OSError:
+            continue
+    return count
+
+
+def _many_agents_wake_and_cost_nothing_idle(home: Path, n: int) -> None:
+    names = [f"a{i}" for i in range(n)]
+    create_team("hive", ["sender", "other", *names], home=home)
+    env = cli_env(home)
+    with Hive({"kind": "ralph", "agents": names, "home": str(home), "team": "hive"}, env) as hive:
+        pids = list(hive.ready(BOUND_S * 5).values())
+        assert sum(_inotify_descriptors(pid) for pid in pids) == 0  # no kernel quota taken
+        before = counters(pids)
+        sender = MessageBus("hive", "sender", home=home)
+        for seq in range(200):  # mail for someone else wakes none of them
+            sender.send("other", "text", str(seq))
+        time.sleep(IDLE_S)  # the window counted, not a synchronisation
+        woke = {pid: c.wakeups - before[pid].wakeups for pid, c in counters(pids).items()}
+        # Since `before` only an agent's safety poll (after 1 s, 2 s, 4 s...) may have
+        # woken it: a few times, where a 10 ms poller wakes 200 times.
+        assert max(woke.values()) <= 6, sorted(woke.values())[-5:]
+        sender.broadcast(str(time.monotonic_ns()))  # everyone at once, stamped
+        woken = {hive.latency(BOUND_S)[0] for _ in names}
+        assert woken == set(range(n))
+        sender.close()
+
+
+def test_hundreds_of_waiting_agents_all_wake_and_take_no_inotify_instance(home: Path) -> None:
+    """300 waiting processes hold no inotify descriptor, are not woken while nothing
+    comes for them, and all wake on one broadcast."""
+    _many_agents_wake_and_cost_nothing_idle(home, AGENTS)
+
+
+@pytest.mark.stress
+def test_a_thousand_waiting_agents_all_wake(home: Path) -> None:
+    """The issue's figure: a thousand waiting processes on one host, under the default
+    limits (run with `pytest -m stress`)."""
+    _many_agents_wake_and_cost_nothing_idle(home, 1000)
+
+
+WAITER = """
+import sys
+from ralph_mail import MessageBus
+bus = MessageBus("demo", "lead")
+bus.wait_for_messages(timeout=0.001)  # its waiter is made here
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_killed_waiter_leaves_nothing_behind_after_the_next_send(
+    team: Team, procs: Processes
+) -> None:
+    """A waiter killed with SIGKILL leaves its doorbell; the next send to it unlinks it,
+    so no later send pays for it."""
+    waiter = procs.python(WAITER, env=cli_env(team.home))
+    assert waiter.stdout is not None and waiter.stdout.readline() == b"ready\n"
+    bells = team.store.root / "bells" / "lead"
+    (bell,) = os.listdir(bells)
+    assert stat.S_ISFIFO(os.lstat(bells / bell).st_mode)
+    waiter.send_signal(signal.SIGKILL)
+    waiter.wait(timeout=BOUND_S)
+    sender = MessageBus("demo", "worker-1")
+    sender.send("lead", "text", "anyone?")
+    assert os.listdir(bells) == []
+    assert [m.content for m in MessageBus("demo", "lead").poll()] == ["anyone?"]
+
+
+def test_a_closed_waiter_takes_its_doorbell_away(team: Team) -> None:
+    """Once the last waiter on an inbox stops, nothing of it is left for a sender to look
+    at: a send's whole cost for doorbells is one lookup that finds nothing."""
+    store = team.store
+    assert isinstance(store, FileStore)
+    waiter = store.waiter(["lead", "#general", "log:tasks"])
+    assert sorted(os.listdir(store.root / "bells")) == ["#general", "lead", "log:tasks"]
+    waiter.close()
+    assert os.listdir(store.root / "bells") == []
+
+
+def test_a_waiter_wakes_on_a_team_log_and_a_channel(team: Team) -> None:
+    """A doorbell rings for every log a waiter watches, not only inboxes."""
+    store = team.store
+    waiter = store.waiter(["log:tasks", "#general"])
+    try:
+        assert not waiter.wait(0.0)
+        store.log_append("tasks", b'{"x":1}\n')
+        assert waiter.wait(BOUND_S)
+        store.create_log("#general")
+        assert waiter.wait(BOUND_S)
+    finally:
+        waiter.close()
+
+
+def test_deleting_a_team_wakes_its_waiters(team: Team, procs: Processes) -> None:
+    """A wait in progress learns at once that its team was deleted (its doorbell is rung
+    before the directory goes), and says so."""
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "ralph_mail", "wait", "--team", "demo", "--agent", "lead",
+         "--timeout", "600"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(team.home),
+    )  # fmt: skip
+    procs.started.append(waiting)
+    bells = team.store.root / "bells" / "lead"
+    while not (bells.exists() and os.listdir(bells)):
+        assert waiting.poll() is None, waiting.communicate()
+    from ralph_mail import delete_team
+
+    delete_team("demo", home=team.home)
+    _, err = waiting.communicate(timeout=BOUND_S)  # not 600 s: it was rung
+    assert waiting.returncode == 2 and b"was deleted" in err, err
+
+
+def test_doctor_says_how_many_waiters_poll_and_why(team: Team, procs: Processes) -> None:
+    """A waiter made to poll is counted by doctor with its reason; doorbells too."""
+    polling = procs.python(WAITER, env=cli_env(team.home, RALPH_WAIT="poll"))
+    ringing = procs.python(WAITER.replace('"lead"', '"worker-2"'), env=cli_env(team.home))
+    for proc in (polling, ringing):
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    store = team.store
+    assert isinstance(store, FileStore)
+    waiting = survey(store.dirs)
+    assert (waiting.bells, waiting.polling) == (1, ("RALPH_WAIT=poll",))
+    (finding,) = [f for f in doctor(team.home).findings if f.check == "waits"]
+    assert finding.level == "warn"
+    assert "1 waiter polls" in finding.message and "RALPH_WAIT=poll" in finding.message
+
+
+def test_an_unknown_wait_mechanism_is_refused_naming_the_choices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """RALPH_WAIT=fast: one line naming the variable and the ways there are."""
+    monkeypatch.setenv("RALPH_WAIT", "fast")
+    with pytest.raises(MailError, match=r"RALPH_WAIT='fast'.*bell, inotify, watchfiles, poll"):
+        wait_mechanism()
+
+
+def test_a_wait_with_a_bad_wait_setting_exits_2_in_one_line(team: Team) -> None:
+    """The command line turns a bad RALPH_WAIT into one line and exit 2."""
+    done = subprocess.run(
+        [sys.executable, "-m", "ralph_mail", "wait", "--team", "demo", "--agent", "lead",
+         "--timeout", "1"],
+        capture_output=True, env=cli_env(team.home, RALPH_WAIT="fast"), timeout=BOUND_S,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.decode().count("\n") == 1 and b"RALPH_WAIT" in done.stderr
+
+
+#: Every test of the suite about waiting (store and bus contracts, CLI waits, faults),
+#: on the file store, whatever file it lives in; a test about file events themselves
+#: (a bare watcher of a directory) only where there are some.
+WAIT_TESTS = "(wait or wake or waiter) and not nats and not memory and not primitives"
+
+
+@pytest.mark.parametrize("mechanism", ["bell", "inotify", "watchfiles", "poll"])
+def test_the_wait_contract_holds_on_every_way_of_waiting(mechanism: str) -> None:
+    """RALPH_WAIT=MECHANISM: every wait test of the suite passes (run as a child pytest,
+    so each way of waiting gets fresh processes)."""
+    selected = WAIT_TESTS + ("" if mechanism in ("inotify", "watchfiles") else
+                             " and not file_event")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RALPH_")}
+    env["RALPH_WAIT"] = mechanism
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests", "-q", "-x", "-p", "no:cacheprovider",
+         "-k", selected, f"--ignore={Path(__file__).resolve()}"],
+        cwd=ROOT, env=env, capture_output=True, timeout=900,
+    )  # fmt: skip
+    tail = done.stdout.decode(errors="replace")[-3000:]
+    assert done.returncode == 0, tail
+    assert " passed" in tail and " failed" not in tail
