@@ -8,7 +8,7 @@ the same run so the machine's load weighs on both alike.
 - Idle: once every agent got one message, the CPU of all N agents together in % of one
   core (from /proc/<pid>/schedstat) and how often they woke (voluntary context switches,
   per agent per minute), over two windows of `IDLE_S`: the first right after the mail
-  (each agent's safety poll still stretching: it re-reads after 1, 2, 4, 8, 16 s), the
+  (each agent's safety poll still stretching: it re-reads after 1 s and 6 s), the
   second from `SETTLE_S` on, once it re-reads every 30 s (an agent left waiting).
 - Wake-up: one message at a time to one agent after another, in a shuffled order,
   alternating with a write into one FIFO of the baseline; each agent reports its

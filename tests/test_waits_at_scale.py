@@ -60,7 +60,7 @@ def _many_agents_wake_and_cost_nothing_idle(home: Path, n: int) -> None:
             sender.send("other", "text", str(seq))
         time.sleep(IDLE_S)  # the window counted, not a synchronisation
         woke = {pid: c.wakeups - before[pid].wakeups for pid, c in counters(pids).items()}
-        # Since `before` only an agent's safety poll (after 1 s, 2 s, 4 s...) may have
+        # Since `before` only an agent's safety poll (after 1 s, then 6 s) may have
         # woken it: a few times, where a 10 ms poller wakes 200 times.
         assert max(woke.values()) <= 6, sorted(woke.values())[-5:]
         sender.broadcast(str(time.monotonic_ns()))  # everyone at once, stamped
