@@ -26,7 +26,7 @@ from bench.common import REPO_ROOT, SIZES, Section, Sizes, Workspace, log
 #: Measurement modules in the order they run; each has ``run(sizes, ws) -> Section``.
 SECTIONS = (
     "send", "writers", "read", "wakeup", "ask", "conversation", "search", "channels",
-    "mcp_server", "dashboard", "nats_backend", "cli", "fanout", "scale",
+    "mcp_server", "dashboard", "nats_backend", "cli", "fanout", "scale", "members",
 )  # fmt: skip
 DEFAULT_OUT = REPO_ROOT / "bench" / "out"
 

@@ -195,7 +195,7 @@ def test_a_wait_with_a_bad_wait_setting_exits_2_in_one_line(team: Team) -> None:
 WAIT_TESTS = "(wait or wake or waiter) and not nats and not memory and not primitives"
 
 
-@pytest.mark.parametrize("mechanism", ["bell", "inotify", "watchfiles", "poll"])
+@pytest.mark.parametrize("mechanism", ["inotify", "watchfiles", "poll"])
 def test_the_wait_contract_holds_on_every_way_of_waiting(mechanism: str) -> None:
     """RALPH_WAIT=MECHANISM: every wait test of the suite passes (run as a child pytest,
     so each way of waiting gets fresh processes)."""

@@ -20,7 +20,7 @@ from tests.helpers import REPO
 
 SECTIONS = {
     "send", "writers", "read", "wakeup", "ask", "conversation", "search", "channels",
-    "mcp_server", "dashboard", "nats_backend", "cli", "fanout", "scale",
+    "mcp_server", "dashboard", "nats_backend", "cli", "fanout", "scale", "members",
 }  # fmt: skip
 TARGETS = {
     "nats_send",

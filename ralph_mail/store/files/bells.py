@@ -3,9 +3,9 @@
 inotify gives a user 128 instances, one per waiting process: past that, waits polled.
 A doorbell costs no kernel quota. A waiting process makes one FIFO and links it into
 ``bells/<key>/`` for each log it waits on (an agent's inbox, ``#channel``,
-``log:NAME``), as ``<pid>-<random>``. A sender, once its line is appended, opens
-``bells/<key>``: when nobody waits the directory is not there and that one failed
-``openat`` is all a send pays; else it writes one byte into each FIFO listed, and the
+``log:NAME``), as ``<pid>-<random>``. A sender, once its line is appended, looks for
+``bells/<key>``: when nobody waits the directory is not there and that one
+``faccessat`` is all a send pays; else it writes one byte into each FIFO listed, and the
 waiters blocked in ``poll(2)`` on them wake at once.
 
 Why no wake-up is lost: the waiter links its FIFO *before* it reads its inbox, and a
@@ -51,8 +51,13 @@ def ring(dirs: TeamDirs, key: str) -> None:
     Never raises: a bell that cannot be rung leaves its waiter to its safety poll.
     """
     try:
-        listing = os.open(f"{BELLS}/{key}", _DIR, dir_fd=dirs.root_fd())
-    except Exception:  # nobody waits (the usual case: ENOENT), or the team is gone
+        root = dirs.root_fd()
+        where = f"{BELLS}/{key}"
+        # faccessat: the usual answer (nobody waits) without an exception, under 1 µs.
+        if not os.access(where, os.F_OK, dir_fd=root, follow_symlinks=False):
+            return
+        listing = os.open(where, _DIR, dir_fd=root)
+    except Exception:  # the team is gone, or the directory went meanwhile
         return
     _ring_listed(listing)
 
