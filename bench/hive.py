@@ -89,6 +89,10 @@ def _warm_up() -> None:
 def main(argv: list[str]) -> int:
     """Fork one waiting agent per name in SPEC; wait for them all."""
     spec = orjson.loads(argv[0])
+    import resource  # the agents live under the default limit of descriptors, 1,024
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
     agent = _ralph_agent if spec["kind"] == "ralph" else _pipe_agent
     if spec["kind"] == "ralph":
         _warm_up()
