@@ -17,18 +17,18 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import BOUND_S, Processes, cli_env
 
+from bench.hive import Hive, counters
 from ralph_mail import MessageBus, Team, create_team
 from ralph_mail.errors import MailError
 from ralph_mail.maintenance import doctor
 from ralph_mail.settings import wait_mechanism
 from ralph_mail.store.files import FileStore
 from ralph_mail.store.files.bells import survey
+from tests.helpers.processes import BOUND_S, Processes, cli_env
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from bench.hive import Hive, counters  # noqa: E402 - the bench's hive, beside the tests
+#: The repository's root, where the child pytest runs.
+ROOT = Path(__file__).resolve().parents[2]
 
 #: How many waiting agents the default suite starts (the stress run: a thousand).
 AGENTS = 300
