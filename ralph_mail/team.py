@@ -15,9 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import orjson
-
-from ralph_mail import settings
+from ralph_mail import codec, settings
 from ralph_mail.errors import InvalidName, MailError, TeamExists, TeamNotFound, UnknownAgent
 from ralph_mail.message import check_name, format_ts
 
@@ -149,7 +147,7 @@ def create_team(
         "members": [m.to_dict() for m in roster_members],
     }
     try:
-        place.create_team(name, names, orjson.dumps(roster, option=orjson.OPT_INDENT_2))
+        place.create_team(name, names, codec.dumps_indented(roster))
     except FileExistsError:
         raise TeamExists(
             f"team {name!r} already exists in {team.home}: pick another name or delete it first"
@@ -170,12 +168,12 @@ def parse_roster(raw: bytes, home: Path, name: str, store: TeamStore) -> Team:
     member called ``../x``) into the places where names become file names.
     """
     try:
-        data = orjson.loads(raw)
+        data = codec.loads(raw)
         members = tuple(_read_member(m) for m in data["members"])
         lead = check_name(data["lead"], "lead name")
         config = {str(k): str(v) for k, v in data.get("config", {}).items()}
         return Team(name, lead, members, home, data.get("created", ""), config, store)
-    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, InvalidName) as exc:
+    except (codec.DecodeError, KeyError, TypeError, AttributeError, InvalidName) as exc:
         raise MailError(
             f"roster {home / 'teams' / name / 'team.json'} is damaged ({exc}): "
             "restore it or recreate the team"
@@ -249,7 +247,7 @@ def change_roster(
             raise InvalidName(f"invalid {key} {value!r}: give a whole number >= 0")
 
     def change(raw: bytes) -> bytes:
-        data = orjson.loads(raw)
+        data = codec.loads(raw)
         for record in data["members"]:
             if record["name"] != member:
                 continue
@@ -265,7 +263,7 @@ def change_roster(
                     record["mode"] = mode
         if config:
             data.setdefault("config", {}).update({k: str(v) for k, v in config.items()})
-        return orjson.dumps(data, option=orjson.OPT_INDENT_2)
+        return codec.dumps_indented(data)
 
     team.store.update_roster(change)
 

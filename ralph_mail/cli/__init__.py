@@ -17,8 +17,9 @@ import signal
 import sys
 
 # Ctrl-C from here until the imports are done is held, not raised (see `main`): orjson
-# 3.13 can crash when KeyboardInterrupt lands inside its import, and a half-imported
-# module would dump a Python error report. Set before anything else is imported.
+# 3.13 can crash when KeyboardInterrupt lands inside its import (a command that needs it
+# may import it early), and a half-imported module would dump a Python error report.
+# Set before anything else is imported.
 _held: list[int] = []
 try:
     _previous = signal.signal(signal.SIGINT, lambda signum, frame: _held.append(signum))

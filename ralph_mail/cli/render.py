@@ -194,9 +194,9 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]
 
 def print_json_lines(records: Iterable[object]) -> None:
     """One JSON document per line."""
-    import orjson
+    from ralph_mail import codec
 
     out = sys.stdout.buffer
     for record in records:
-        out.write(orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE))
+        out.write(codec.dumps_line(record))
     out.flush()

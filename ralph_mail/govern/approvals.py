@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 
-import orjson
+from ralph_mail import codec
 
 if TYPE_CHECKING:
     from ralph_mail.mailbox import Mailbox
@@ -75,19 +75,19 @@ def held(envelope: dict[str, object], approver: str, reason: str, ts: str) -> by
     """The log line that holds a message."""
     record = {"e": "held", "envelope": envelope, "approver": approver, "reason": reason,
               "ts": ts}  # fmt: skip
-    return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+    return codec.dumps_line(record)
 
 
 def decided(message_id: str, approved: bool, by: str, reason: str, since: int) -> bytes:
     """The log line that records a decision (``since``: the recipient's inbox end)."""
     record = {"e": "decided", "id": message_id, "approved": approved, "by": by,
               "reason": reason, "since": since}  # fmt: skip
-    return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+    return codec.dumps_line(record)
 
 
 def done(message_id: str) -> bytes:
     """The log line that records a decision carried out."""
-    return orjson.dumps({"e": "done", "id": message_id}, option=orjson.OPT_APPEND_NEWLINE)
+    return codec.dumps_line({"e": "done", "id": message_id})
 
 
 def fold(log: bytes) -> dict[str, Held]:
@@ -96,7 +96,7 @@ def fold(log: bytes) -> dict[str, Held]:
     found: dict[str, Held] = {}
     for line in log.splitlines():
         try:
-            event = orjson.loads(line)
+            event = codec.loads(line)
             kind = event["e"]
             if kind == "held":
                 envelope = dict(event["envelope"])
@@ -118,7 +118,7 @@ def fold(log: bytes) -> dict[str, Held]:
                 )
             elif kind == "done" and item.decision is not None:
                 found[item.id] = replace(item, done=True)
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        except (codec.DecodeError, KeyError, TypeError, ValueError):
             continue
     return found
 

@@ -37,8 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-import orjson
-
+from ralph_mail import codec
 from ralph_mail.errors import InvalidMessage
 from ralph_mail.message import check_name
 
@@ -145,7 +144,7 @@ class Policy:
         """The policy as it is saved."""
         document = {"version": 1, "rules": [rule.to_dict() for rule in self.rules],
                     "rates": dict(sorted(self.rates.items()))}  # fmt: skip
-        return orjson.dumps(document, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
+        return codec.dumps_indented(document, newline=True)
 
     def with_rule(self, rule: Rule) -> Policy:
         """This policy with ``rule`` in place of any rule for the same sender and target."""
@@ -202,8 +201,8 @@ def parse(raw: bytes) -> Policy:
     if len(raw) > MAX_BYTES:
         raise InvalidMessage(f"it is {len(raw):,} bytes, over {MAX_BYTES:,}")
     try:
-        document = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
+        document = codec.loads(raw)
+    except codec.DecodeError as exc:
         raise InvalidMessage(f"it is not JSON ({exc})") from None
     if not isinstance(document, dict):
         raise InvalidMessage("it is not a JSON object")

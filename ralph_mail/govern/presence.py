@@ -20,9 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Final
 
-import orjson
-
-from ralph_mail import settings
+from ralph_mail import codec, settings
 from ralph_mail.errors import InvalidMessage
 from ralph_mail.message import format_ts
 from ralph_mail.store.base import TeamStore
@@ -132,15 +130,15 @@ def _out_of_range(given: str | datetime) -> InvalidMessage:
 
 def record(state: str, until: str, last_seen: str) -> bytes:
     """A presence record as the store keeps it."""
-    return orjson.dumps({"state": state, "until": until, "last_seen": last_seen})
+    return codec.dumps({"state": state, "until": until, "last_seen": last_seen})
 
 
 def read(store: TeamStore, agent: str) -> dict[str, str]:
     """An agent's presence record (empty fields when it never had one)."""
     raw = store.load_presence(agent)
     try:
-        found = orjson.loads(raw) if raw else {}
-    except orjson.JSONDecodeError:
+        found = codec.loads(raw) if raw else {}
+    except codec.DecodeError:
         found = {}
     return {key: str(found.get(key, "")) for key in ("state", "until", "last_seen")}
 

@@ -18,9 +18,7 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-import orjson
-
-from ralph_mail import settings
+from ralph_mail import codec, settings
 from ralph_mail.errors import (
     BroadcastError,
     InvalidMessage,
@@ -429,9 +427,9 @@ class Mailbox(Consuming):
         self._touched = now
         try:
             raw = self._store.load_presence(self.agent)
-            record = orjson.loads(raw) if raw else {}
+            record = codec.loads(raw) if raw else {}
             record["last_seen"] = format_ts(time.time_ns() // 1000)
-            self._store.save_presence(self.agent, orjson.dumps(record))
+            self._store.save_presence(self.agent, codec.dumps(record))
         except (MailError, ValueError) as exc:  # presence is a hint: never stop mail for it
             warnings.warn(f"cannot note {self.agent!r} as active: {exc}", RuntimeWarning,
                           stacklevel=3)  # fmt: skip

@@ -29,8 +29,7 @@ from collections.abc import Iterator
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
+from ralph_mail import codec
 from ralph_mail.store.base import Cursor, check_key
 
 if TYPE_CHECKING:
@@ -65,7 +64,7 @@ class Records:
         record = {"floor": cursor.floor, "acked": sorted(cursor.acked)}
         log, member = _reader(agent)
         if member is None:
-            self.save_state(f"cursor.{agent}", orjson.dumps(record))
+            self.save_state(f"cursor.{agent}", codec.dumps(record))
         else:
             self.update_state(_members_key(log), lambda raw: _with(raw, member, record))
 
@@ -100,17 +99,17 @@ class Records:
         """Record a line of ``agent``'s inbox that was set aside, and why."""
         record = {"inbox": agent, "offset": offset, "reason": reason,
                   "line": line.decode("utf-8", "backslashreplace")}  # fmt: skip
-        _put(self, f"dead:{agent}", orjson.dumps(record))
+        _put(self, f"dead:{agent}", codec.dumps(record))
 
     def dead_letters(self: Primitives, agent: str) -> list[dict[str, Any]]:
         """Every dead letter recorded for ``agent``'s inbox, oldest first (its ts first)."""
         lines = _lines(self, f"dead:{agent}")
-        return [{"ts": ts, **orjson.loads(payload)} for ts, payload in lines]
+        return [{"ts": ts, **codec.loads(payload)} for ts, payload in lines]
 
     def index_add(self: Primitives, key: str, agent: str, offset: int, length: int) -> None:
         """Note that the line at ``offset`` (``length`` bytes) of ``agent``'s inbox belongs
         to index ``key`` (a conversation between two agents, a thread)."""
-        _put(self, f"index:{key}", orjson.dumps([agent, offset, length]))
+        _put(self, f"index:{key}", codec.dumps([agent, offset, length]))
 
     def index_tail(self: Primitives, key: str, count: int) -> list[tuple[str, int, int]]:
         """The last ``count`` entries of index ``key``, oldest first, as
@@ -119,7 +118,7 @@ class Records:
             return []
         _make(self, f"index:{key}")
         lines, _ = self.read_tail(f"index:{key}", count)
-        entries = (orjson.loads(line.partition(b" ")[2]) for line in lines)
+        entries = (codec.loads(line.partition(b" ")[2]) for line in lines)
         return [(agent, offset, length) for agent, offset, length in entries]
 
     def log_append(self: Primitives, name: str, record: bytes) -> None:
@@ -158,23 +157,23 @@ def _members_key(channel: str) -> str:
 def _cursor(raw: bytes | None) -> Cursor | None:
     if not raw:
         return None
-    record = orjson.loads(raw)
+    record = codec.loads(raw)
     return Cursor(record["floor"], set(record["acked"]))
 
 
 def _members(raw: bytes | None) -> dict[str, Cursor]:
-    found = orjson.loads(raw) if raw else {}
+    found = codec.loads(raw) if raw else {}
     return {member: Cursor(c["floor"], set(c["acked"])) for member, c in found.items()}
 
 
 def _with(raw: bytes | None, member: str, record: dict[str, Any] | None) -> bytes:
     """A channel's cursor map with ``member``'s cursor replaced (None: removed)."""
-    found: dict[str, Any] = orjson.loads(raw) if raw else {}
+    found: dict[str, Any] = codec.loads(raw) if raw else {}
     if record is None:
         found.pop(member, None)
     else:
         found[member] = record
-    return orjson.dumps(found)
+    return codec.dumps(found)
 
 
 def _start(store: Primitives, log: str) -> int:

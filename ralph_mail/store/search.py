@@ -23,8 +23,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import orjson
-
+from ralph_mail import codec
 from ralph_mail.errors import InvalidMessage
 
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -135,10 +134,10 @@ class SearchIndex:
             at = position
             position += len(line)
             try:
-                envelope = orjson.loads(line)
+                envelope = codec.loads(line)
                 message_id, sender, recipient = envelope["id"], envelope["from"], envelope["to"]
                 content, kind, ts = envelope["content"], envelope["type"], envelope["ts"]
-            except (orjson.JSONDecodeError, KeyError, TypeError):
+            except (codec.DecodeError, KeyError, TypeError):
                 continue  # a damaged line: doctor and the dead letters report it
             if recipient == "*":  # a broadcast: one copy per inbox, one result
                 seen = db.execute("INSERT OR IGNORE INTO broadcasts VALUES (?)", (message_id,))

@@ -30,9 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Literal
 
-import orjson
-
-from ralph_mail import settings
+from ralph_mail import codec, settings
 from ralph_mail.errors import InvalidMessage, MailError, PermissionDenied
 from ralph_mail.message import (
     Message,
@@ -90,20 +88,22 @@ def channel_name(name: object) -> str:
 def parse(raw: bytes | None) -> dict[str, Channel]:
     """The channels saved under `KEY`."""
     found: dict[str, Channel] = {}
-    for name, record in (orjson.loads(raw) if raw else {}).items():
+    for name, record in (codec.loads(raw) if raw else {}).items():
         found[name] = Channel(name, tuple(record["members"]), record.get("by", ""),
                               record.get("created", ""))  # fmt: skip
     return found
 
 
 def _dump(channels: dict[str, Channel]) -> bytes:
-    return orjson.dumps(
+    orjson = codec.fast()  # sorted keys: written seldom, so orjson's option is worth it
+    written: bytes = orjson.dumps(
         {
             c.name: {"members": list(c.members), "by": c.by, "created": c.created}
             for c in channels.values()
         },
         option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS,
     )
+    return written
 
 
 def mentions(text: str, channel: Channel, poster: str) -> list[str]:
@@ -365,7 +365,7 @@ class Channels:
         channel = self._member_of(name)
         record = {"post": check_id(post_id, "post id"), "agent": self._bus.agent,
                   "ts": format_ts(time.time_ns() // 1000)}  # fmt: skip
-        self._store.log_append(PASSES + channel.name, orjson.dumps(record) + b"\n")
+        self._store.log_append(PASSES + channel.name, codec.dumps(record) + b"\n")
 
     def turn(self, mention: Message) -> Turn:
         """Where ``mention`` (a `mention` in my inbox) stands now."""
@@ -381,7 +381,7 @@ class Channels:
         answered = {post.from_agent: post.ts for post, _ in self._posts(f"#{name}", at)[0]
                     if post.reply_to == post_id}  # fmt: skip
         for line in self._store.log_read(PASSES + name).splitlines():
-            record = orjson.loads(line)
+            record = codec.loads(line)
             if record.get("post") == post_id:
                 answered.setdefault(record["agent"], record["ts"])
         if self._bus.agent in answered:

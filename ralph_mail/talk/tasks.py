@@ -28,8 +28,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
-import orjson
-
+from ralph_mail import codec
 from ralph_mail.errors import InvalidMessage, MailError, PermissionDenied, TaskEnded
 from ralph_mail.govern.tasklog import (
     DEADLINE_PASSED,
@@ -318,7 +317,7 @@ def _send_assignment(box: Mailbox, envelope: dict[str, object], reason: str, hol
         return box._deliver(envelope)
     assignee = str(envelope["to"])
     record = {"held": envelope, "until": hold, "since": box.store.size(assignee)}
-    box.store.log_append(f"{HELD}{assignee}", orjson.dumps(record) + b"\n")
+    box.store.log_append(f"{HELD}{assignee}", codec.dumps(record) + b"\n")
     return from_envelope(envelope)
 
 
@@ -334,12 +333,12 @@ def release_held(box: Mailbox) -> None:
     held: dict[str, dict[str, Any]] = {}
     for line in log.splitlines():
         try:
-            record = orjson.loads(line)
+            record = codec.loads(line)
             if "released" in record:
                 held.pop(str(record["released"]), None)
             else:
                 held[str(record["held"]["id"])] = record
-        except (orjson.JSONDecodeError, KeyError, TypeError):
+        except (codec.DecodeError, KeyError, TypeError):
             continue  # a damaged record: the others are still released
     if not held:
         return
@@ -352,7 +351,7 @@ def release_held(box: Mailbox) -> None:
         # that remembers ids handles it once), never on losing the task.
         if not box.delivered(box.agent, message_id, int(record.get("since", 0))):
             box._deliver(dict(record["held"]))
-        released = orjson.dumps({"released": message_id}) + b"\n"
+        released = codec.dumps({"released": message_id}) + b"\n"
         box.store.log_append(f"{HELD}{box.agent}", released)
 
 

@@ -7,8 +7,7 @@ import os
 import time
 from typing import Any
 
-import orjson
-
+from ralph_mail import codec
 from ralph_mail.message import format_ts
 from ralph_mail.store.files.layout import TeamDirs
 from ralph_mail.store.files.posix import open_file, read_file, store_error, write_all
@@ -31,7 +30,7 @@ class DeadLetters:
             "reason": reason,
             "line": line.decode("utf-8", "backslashreplace"),
         }
-        data = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+        data = codec.dumps_line(record)
         try:
             fd = open_file(
                 f"{agent}.jsonl",
@@ -62,8 +61,8 @@ class DeadLetters:
         records = []
         for line in data.splitlines():
             try:
-                records.append(orjson.loads(line))
-            except orjson.JSONDecodeError:
+                records.append(codec.loads(line))
+            except codec.DecodeError:
                 if line.strip():  # a record torn by a kill: keep what it says
                     text = line.decode("utf-8", "backslashreplace")
                     records.append({"reason": "damaged dead-letter record", "line": text})
