@@ -44,13 +44,35 @@ def fast() -> ModuleType:
     """orjson, imported now, with `loads`, `dumps` and `dumps_line` switched to it."""
     global _orjson, loads, dumps, dumps_line
     if _orjson is None:
-        import orjson
-
+        orjson = _import_orjson()
         _orjson = orjson
         loads = orjson.loads
         dumps = orjson.dumps
         dumps_line = partial(orjson.dumps, option=orjson.OPT_APPEND_NEWLINE)
     return _orjson
+
+
+def _import_orjson() -> ModuleType:
+    """``import orjson`` with Ctrl-C held until it is done, then delivered: a
+    KeyboardInterrupt raised inside orjson 3.13's import crashes the interpreter
+    (SIGSEGV), and a process may come here at any moment of its run (its `BULK`-th call).
+    Held only on the main thread, where Python raises KeyboardInterrupt."""
+    import signal
+
+    held: list[int] = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    except ValueError:  # not the main thread: the interrupt is not raised here
+        import orjson
+
+        return orjson
+    try:
+        import orjson
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
+        if held:
+            signal.raise_signal(signal.SIGINT)  # now, to the handler there was before
+    return orjson
 
 
 def _count() -> ModuleType | None:

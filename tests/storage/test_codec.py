@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import struct
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -209,3 +210,79 @@ def outcome(function: Callable[[Any], Any], value: Any) -> tuple[str, Any]:
         return "ok", function(value)
     except (TypeError, ValueError) as exc:
         return "error", str(exc)
+
+
+def value(rng: random.Random, depth: int = 0) -> Any:
+    """A random JSON-like value: nested objects and arrays of strings, integers at and
+    past orjson's bounds, floats of any bit pattern, booleans and None."""
+    pick = rng.random()
+    if depth < 4 and pick < 0.25:
+        return {text(rng): value(rng, depth + 1) for _ in range(rng.randrange(5))}
+    if depth < 4 and pick < 0.4:
+        return [value(rng, depth + 1) for _ in range(rng.randrange(5))]
+    if pick < 0.6:
+        return text(rng)
+    if pick < 0.75:
+        return rng.choice([0, -1, 2**63 - 1, -(2**63), 2**64 - 1, 2**64, -(2**63) - 1,
+                           rng.randrange(-(2**70), 2**70)])  # fmt: skip
+    if pick < 0.9:
+        bits = rng.getrandbits(64)
+        return struct.unpack("<d", bits.to_bytes(8, "little"))[0] if pick < 0.8 else bits / 7
+    return rng.choice([True, False, None])
+
+
+def test_random_values_are_written_and_read_as_orjson_does(standard: list[str]) -> None:
+    """Over many generated values (NaN, huge integers and non-string keys among them):
+    compact, line and indented bytes, or the refusal, are orjson's; what orjson wrote
+    reads back as orjson reads it."""
+    rng = random.Random(4)
+    for _ in range(3000):
+        record = value(rng)
+        if rng.random() < 0.1:
+            record = {1: record}  # a key orjson refuses
+        for mine, theirs in (
+            (codec.dumps, orjson.dumps),
+            (codec.dumps_line, lambda v: orjson.dumps(v, option=orjson.OPT_APPEND_NEWLINE)),
+            (codec.dumps_indented, lambda v: orjson.dumps(v, option=orjson.OPT_INDENT_2)),
+        ):
+            assert outcome(mine, record) == outcome(theirs, record), record
+        kind, written = outcome(orjson.dumps, record)
+        if kind == "ok":
+            assert outcome(codec.loads, written) == outcome(orjson.loads, written)
+
+
+def test_ctrl_c_during_orjsons_import_waits_for_the_import() -> None:
+    """A Ctrl-C that lands while the codec imports orjson is held until the import is
+    done, then raised: a KeyboardInterrupt inside orjson 3.13's import crashes Python
+    (SIGSEGV), and a process may switch to orjson at any time. Each run is interrupted
+    at a random moment around the import; none may crash, and orjson works after."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = (
+        "import sys; from ralph_mail import codec; print('ready', flush=True)\n"
+        "try:\n    codec.fast()\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted', 'orjson' in sys.modules, flush=True)\n"
+        "    import orjson; print(orjson.dumps(1).decode(), flush=True)\n"
+        "else:\n    print('done', flush=True)\n"
+    )
+    rng = random.Random(8)
+    seen = []
+    for _ in range(24):  # the import takes 5-20 ms: most interrupts land inside it
+        child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE)  # fmt: skip
+        try:
+            assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+            time.sleep(rng.uniform(0, 0.015))  # the moment of the Ctrl-C, not a wait
+            child.send_signal(signal.SIGINT)
+            out, err = child.communicate(timeout=60)
+        finally:
+            child.kill()  # our own child, already ended unless a check above failed
+            child.wait()
+        assert child.returncode in (0, -signal.SIGINT), (child.returncode, err[-500:])
+        assert out in (b"", b"done\n", b"interrupted False\n1\n", b"interrupted True\n1\n")
+        seen.append(out)
+    assert b"interrupted True\n1\n" in seen  # some were held through the import
