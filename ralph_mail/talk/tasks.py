@@ -25,7 +25,6 @@ import re
 import time
 import warnings
 from collections.abc import Callable
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
 from ralph_mail import codec
@@ -63,6 +62,8 @@ from ralph_mail.message import (
 )
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from ralph_mail.mailbox import Mailbox
 
 __all__ = [
@@ -198,6 +199,8 @@ def parse_deadline(value: str | datetime | float | None) -> str:
     >>> parse_deadline(None)
     ''
     """
+    from datetime import datetime  # here: a read, which loads this module, needs none
+
     from ralph_mail.govern.presence import parse_until
 
     if value is None or value == "":
