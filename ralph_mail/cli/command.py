@@ -176,6 +176,32 @@ def _help_text(fn: Callable[..., Any]) -> str:
     return "\n".join(line for line in doc.splitlines() if line.strip() != "\b")
 
 
+def terminal_columns() -> int:
+    """The terminal's width as `shutil.get_terminal_size` finds it (``COLUMNS``, else
+    stdout's terminal, else 80), without importing shutil (bz2 and lzma come with it)."""
+    try:
+        columns = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        columns = 0
+    stdout = sys.__stdout__
+    if columns <= 0 and stdout is not None:
+        try:
+            columns = os.get_terminal_size(stdout.fileno()).columns
+        except (ValueError, OSError):  # closed, detached, or not a terminal
+            columns = 0
+    return columns or 80
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's formatter, told the width it would otherwise import shutil to find:
+    argparse makes one per option added, so every command would pay that import."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:  # fmt: skip
+        width = terminal_columns() - 2 if width is None else width
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+
 def build_parser(fn: Callable[..., Any], prog: str) -> argparse.ArgumentParser:
     """The argparse parser for command ``fn`` (named ``prog``), from its signature."""
     parser = _Parser(**parser_settings(fn, prog))
@@ -190,7 +216,7 @@ def parser_settings(fn: Callable[..., Any], prog: str) -> dict[str, Any]:
         "prog": prog,
         "description": description.rstrip(),
         "epilog": (example + rest).rstrip() or None,  # the example ends the help
-        "formatter_class": argparse.RawDescriptionHelpFormatter,
+        "formatter_class": _Formatter,
         "add_help": True,
         "allow_abbrev": False,
     }

@@ -328,8 +328,6 @@ def release_held(box: Mailbox) -> None:
     """Deliver to my inbox the assignments held while I slept whose hold is over (or
     all, once I am not sleeping). Only the process consuming my inbox runs this, so
     no two release one; run again after a crash, it delivers what is not there yet."""
-    from ralph_mail.govern import presence
-
     log = box.store.log_read(f"{HELD}{box.agent}")
     if not log:
         return
@@ -345,6 +343,8 @@ def release_held(box: Mailbox) -> None:
             continue  # a damaged record: the others are still released
     if not held:
         return
+    from ralph_mail.govern import presence  # not before: a read with nothing held skips it
+
     state, _, _ = presence.presence_of(box.team, box.agent)
     now = _now()
     for message_id, record in held.items():
