@@ -1,12 +1,14 @@
 """Command line: wall time of the commands agents call in loops (``send``, ``read``,
 ``wait --timeout 0``, ``tail -n 5``, ``status``, and the conversation's ``ask`` answered
 by a replier process, ``reply``, ``history``, ``task done``) against a bare start of the
-very same interpreter (``python -c pass``).
+very same interpreter (``python -S -c pass``).
 
 Agents that shell out once per message pay the process start-up on every message, so
-this is the figure a bash loop sees. Runs are interleaved (bare, send, read, wait, …)
-so a burst of outside load hits all of them alike. Each run is one fork/exec timed from
-spawn to reap; peak RSS comes from one more run under GNU time.
+this is the figure a bash loop sees. Each command runs its console script with ``-S``,
+as the bare start does (`NOSITE_NOTE`); one more pair, the bare start and ``send`` with
+site, shows what an install's start-up hooks add to both. Runs are interleaved (bare,
+send, read, wait, …) so a burst of outside load hits all of them alike. Each run is one
+fork/exec timed from spawn to reap; peak RSS comes from one more run under GNU time.
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ from bench.ask import REPLIER
 from bench.common import Row, Section, Sizes, Workspace, child_env, ralph
 
 NOSITE_NOTE: Final = (
-    "without site: an editable install (pip install -e) adds an import hook to every start "
-    "of this venv's interpreter (~11 ms here), which flatters the ratio; -S on both sides "
-    "removes it, as a regular install would"
+    "without site on both sides: an editable install (pip install -e) adds an import hook "
+    "to every start of this venv's interpreter, which would flatter the ratio; a regular "
+    "install has none"
 )
 #: Untimed runs of each command first: they fill the page cache and write .pyc files.
 WARMUP: Final = 2
@@ -102,82 +104,38 @@ def peak_rss_mib(argv: list[str], env: dict[str, str], scratch: Path) -> float:
 
 
 def run(sizes: Sizes, ws: Workspace) -> Section:
-    """Time bare start, send and read, interleaved over ``sizes.cli_runs`` runs."""
+    """Time a bare start and each command, interleaved over ``sizes.cli_runs`` runs."""
     sec = Section("cli", "Command line: one process per command (ms)")
     rm, exe = ralph(), executable()
     status = rm if isinstance(rm, str) else (exe if isinstance(exe, str) else "ok")
-    bare = sec.add(
-        Row(
-            "bare_python",
-            f"{Path(sys.executable).name} -c pass (same venv)",
-            "ms",
-            "lower",
-            extra={"rss_mib": []},
-        )
-    )
-    send = sec.add(
-        Row(
-            "cli_send",
-            "ralph-mail send",
-            "ms",
-            "lower",
-            anchor=bare.key,
-            status=status,
-            extra={"rss_mib": []},
-        )
-    )
-    read = sec.add(
-        Row(
-            "cli_read",
-            "ralph-mail read (one new message)",
-            "ms",
-            "lower",
-            anchor=bare.key,
-            status=status,
-            extra={"rss_mib": []},
-        )
-    )
-    more = {
-        key: sec.add(
-            Row(key, label, "ms", "lower", anchor=bare.key, status=status, extra={"rss_mib": []})
-        )
+
+    def row(key: str, label: str, anchor: str | None = None, note: str = "") -> Row:
+        return sec.add(Row(key, label, "ms", "lower", anchor=anchor, extra={"rss_mib": []},
+                           status="ok" if anchor is None else status, note=note))  # fmt: skip
+
+    python = Path(sys.executable).name
+    bare = row("bare_python_nosite", f"{python} -S -c pass (same venv, no site)", note=NOSITE_NOTE)
+    rows = {
+        key: row(key, f"ralph-mail {label}, run with -S", bare.key)
         for key, label in (
-            ("cli_wait", "ralph-mail wait --timeout 0 (nothing new)"),
-            ("cli_tail", "ralph-mail tail -n 5"),
-            ("cli_status", "ralph-mail status"),
-            ("cli_ask", "ralph-mail ask (answered by a replier process)"),
-            ("cli_reply", "ralph-mail reply"),
-            ("cli_history", "ralph-mail history -n 20"),
-            ("cli_task_done", "ralph-mail task done"),
+            ("cli_send", "send"),
+            ("cli_read", "read (one new message)"),
+            ("cli_wait", "wait --timeout 0 (nothing new)"),
+            ("cli_tail", "tail -n 5"),
+            ("cli_status", "status"),
+            ("cli_ask", "ask (answered by a replier process)"),
+            ("cli_reply", "reply"),
+            ("cli_history", "history -n 20"),
+            ("cli_task_done", "task done"),
         )
     }
-    bare_s = sec.add(
-        Row(
-            "bare_python_nosite",
-            f"{Path(sys.executable).name} -S -c pass (no site)",
-            "ms",
-            "lower",
-            extra={"rss_mib": []},
-            note=NOSITE_NOTE,
-        )
-    )
-    send_s = sec.add(
-        Row(
-            "cli_send_nosite",
-            "ralph-mail send, run with -S (no site)",
-            "ms",
-            "lower",
-            anchor=bare_s.key,
-            status=status,
-            extra={"rss_mib": []},
-            note=NOSITE_NOTE,
-        )
-    )
+    bare_site = row("bare_python", f"{python} -c pass (same venv, with site)")
+    send_site = row("cli_send_site", "ralph-mail send, as installed (with site)", bare_site.key)
     bare_env = child_env()
     #: (row, argv, env, what to do before each run: it may return the argv to run)
     cases: list[tuple[Row, list[str], dict[str, str], Callable[[], list[str] | None]]] = [
-        (bare, [sys.executable, "-c", "pass"], bare_env, _nothing),
-        (bare_s, [sys.executable, "-S", "-c", "pass"], bare_env, _nothing),
+        (bare, [sys.executable, "-S", "-c", "pass"], bare_env, _nothing),
+        (bare_site, [sys.executable, "-c", "pass"], bare_env, _nothing),
     ]
     feeder = replier = None
     if status == "ok":
@@ -186,63 +144,54 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
         rm.create_team("cli", ["reader", "sender", "oracle"], home=home)
         feeder = rm.MessageBus("cli", "sender", home=home)
         reader = rm.MessageBus("cli", "reader", home=home)
-        env = {"RALPH_HOME": str(home), "RALPH_TEAM": "cli"}
-        argv_send = ["send", "reader", "status: parsing done, 3 warnings"]
+        env = {"RALPH_HOME": str(home), "RALPH_TEAM": "cli", "PYTHONPATH": nosite_path(rm)}
         replier = subprocess.Popen(
             [sys.executable, "-c", REPLIER, str(home), str(1 << 30), "cli", "oracle"],
             stdout=subprocess.PIPE, env=child_env(),
         )  # fmt: skip
         assert replier.stdout is not None and replier.stdout.readline() == b"ready\n"
         counter = iter(range(1 << 30))
+        script = [sys.executable, "-S", str(exe)]  # the console script, without site
 
         def one_new() -> None:
             feeder.send("reader", "text", "one new message")  # type: ignore[union-attr]
 
         def request() -> list[str]:
             sent = feeder.send("reader", "request", "is the build green?")  # type: ignore[union-attr]
-            return [str(exe), "reply", sent.id, "yes, green"]
+            return [*script, "reply", sent.id, "yes, green"]
 
         def task() -> list[str]:
             reader.set_presence("idle")  # the delegator asks an agent that is online
             given = feeder.delegate("reader", "parse the logs", id=f"T-{next(counter)}")  # type: ignore[union-attr]
-            return [str(exe), "task", "done", given.id, "parsed"]
+            return [*script, "task", "done", given.id, "parsed"]
 
         as_reader = child_env(env | {"RALPH_AGENT": "reader"})
         as_sender = child_env(env | {"RALPH_AGENT": "sender"})
+        send = ["send", "reader", "status: parsing done, 3 warnings"]
         cases += [
+            (rows["cli_send"], [*script, *send], as_sender, _nothing),
+            (rows["cli_read"], [*script, "read"], as_reader, one_new),
+            (rows["cli_wait"], [*script, "wait", "--timeout", "0"], as_sender, _nothing),
+            (rows["cli_tail"], [*script, "tail", "reader", "-n", "5"], as_sender, _nothing),
             (
-                send,
-                [str(exe), "send", "reader", "status: parsing done, 3 warnings"],
-                as_sender,
-                _nothing,
-            ),
-            (read, [str(exe), "read"], as_reader, one_new),
-            (more["cli_wait"], [str(exe), "wait", "--timeout", "0"], as_sender, _nothing),
-            (more["cli_tail"], [str(exe), "tail", "reader", "-n", "5"], as_sender, _nothing),
-            (
-                more["cli_status"],
-                [str(exe), "status", "parsing", "--state", "working"],
+                rows["cli_status"],
+                [*script, "status", "parsing", "--state", "working"],
                 as_sender,
                 _nothing,
             ),
             (
-                more["cli_ask"],
-                [str(exe), "ask", "oracle", "is the build green?", "--timeout", "30"],
+                rows["cli_ask"],
+                [*script, "ask", "oracle", "is the build green?", "--timeout", "30"],
                 as_sender,
                 _nothing,
             ),
-            (more["cli_reply"], [], as_reader, request),
+            (rows["cli_reply"], [], as_reader, request),
+            (rows["cli_history"], [*script, "history", "reader", "-n", "20"], as_sender, _nothing),
+            (rows["cli_task_done"], [], as_reader, task),
             (
-                more["cli_history"],
-                [str(exe), "history", "reader", "-n", "20"],
-                as_sender,
-                _nothing,
-            ),
-            (more["cli_task_done"], [], as_reader, task),
-            (
-                send_s,
-                [sys.executable, "-S", str(exe), *argv_send],
-                child_env(env | {"RALPH_AGENT": "sender", "PYTHONPATH": nosite_path(rm)}),
+                send_site,
+                [str(exe), *send],
+                child_env({"RALPH_HOME": str(home), "RALPH_TEAM": "cli", "RALPH_AGENT": "sender"}),
                 _nothing,
             ),
         ]

@@ -453,24 +453,14 @@ def targets(secs: Sections) -> list[Target]:
                     "task_done"):  # fmt: skip
         add_ratio(
             f"cli_{command}",
-            f"ralph-mail {command.replace('_', ' ')} vs bare interpreter",
+            f"ralph-mail {command.replace('_', ' ')} vs bare interpreter, both -S",
             row(cli, f"cli_{command}"),
-            row(cli, "bare_python"),
+            row(cli, "bare_python_nosite"),
             "≤ 4x",
             time_ratio,
             lambda r: r <= 4.0,
             "{r:.1f}x",
         )
-    add_ratio(
-        "cli_send_nosite",
-        "ralph-mail send vs bare start, both run with -S (no site hooks)",
-        row(cli, "cli_send_nosite"),
-        row(cli, "bare_python_nosite"),
-        "≤ 6x",
-        time_ratio,
-        lambda r: r <= 6.0,
-        "{r:.1f}x",
-    )
     return out
 
 

@@ -65,7 +65,6 @@ TARGETS = {
     "cli_reply",
     "cli_history",
     "cli_task_done",
-    "cli_send_nosite",
 }
 #: Statuses that are not a failure: an optional peer missing, or no ralph-mail script
 #: beside the interpreter (an install without console scripts).
