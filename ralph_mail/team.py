@@ -35,6 +35,8 @@ class Member:
         role: ``"lead"`` or ``"member"``.
         manager: the member this one reports to (None: none).
         mode: ``"autonomous"`` (the default), ``"supervised"`` or ``"strict"``.
+        human: a person, not a program: what is asked of it waits for an answer typed
+            in ``ralph-mail serve``'s page (or a ``reply`` from a terminal).
     """
 
     name: str
@@ -42,14 +44,18 @@ class Member:
     role: str = "member"
     manager: str | None = None
     mode: str = "autonomous"
+    human: bool = False
 
-    def to_dict(self) -> dict[str, str]:
-        """The member as ``team.json`` keeps it (manager and mode only when set)."""
-        record = {"name": self.name, "description": self.description, "role": self.role}
+    def to_dict(self) -> dict[str, str | bool]:
+        """The member as ``team.json`` keeps it (manager, mode and human only when set)."""
+        record: dict[str, str | bool] = {"name": self.name, "description": self.description,
+                                         "role": self.role}  # fmt: skip
         if self.manager is not None:
             record["manager"] = self.manager
         if self.mode != "autonomous":
             record["mode"] = self.mode
+        if self.human:
+            record["human"] = True
         return record
 
 
@@ -180,7 +186,7 @@ def parse_roster(raw: bytes, home: Path, name: str, store: TeamStore) -> Team:
         ) from None
 
 
-def _read_member(record: dict[str, str]) -> Member:
+def _read_member(record: dict[str, object]) -> Member:
     manager = record.get("manager")
     mode = record.get("mode", "autonomous")
     if mode not in MODES:
@@ -190,7 +196,8 @@ def _read_member(record: dict[str, str]) -> Member:
         str(record.get("description", "")),
         str(record.get("role", "member")),
         None if manager is None else check_name(manager, "manager name"),
-        mode,
+        str(mode),
+        record.get("human") is True,
     )
 
 
@@ -228,9 +235,11 @@ def change_roster(
     manager: str | None = None,
     mode: str | None = None,
     config: Mapping[str, str] | None = None,
+    human: bool | None = None,
 ) -> None:
     """`update_team` of a team already loaded: check everything, then rewrite the
-    roster atomically through its store."""
+    roster atomically through its store. ``human``: mark the member a person (True)
+    or a program (False)."""
     if mode is not None and mode not in MODES:
         raise InvalidName(f"invalid mode {mode!r}: use one of {', '.join(MODES)}")
     if member is not None:
@@ -261,6 +270,10 @@ def change_roster(
                 record.pop("mode", None)
                 if mode != "autonomous":
                     record["mode"] = mode
+            if human is not None:
+                record.pop("human", None)
+                if human:
+                    record["human"] = True
         if config:
             data.setdefault("config", {}).update({k: str(v) for k, v in config.items()})
         return codec.dumps_indented(data)

@@ -68,7 +68,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "lead": ("lead",),
     **dict.fromkeys(("approvals", "approve", "deny", "policy", "search"), ("governance",)),
     "channel": ("channels",),
-    **dict.fromkeys(("mcp", "top"), ("faces",)),
+    **dict.fromkeys(("mcp", "top", "serve"), ("faces",)),
     **dict.fromkeys(("doctor", "gc"), ("maintenance",)),
     "run": ("responder",),
     "completion": ("completion",),

@@ -357,31 +357,48 @@ def team_set(
     mode: Annotated[
         str | None, Option("--mode", help="autonomous, supervised or strict.", metavar="MODE")
     ] = None,
+    human: Annotated[
+        str | None,
+        Option(
+            "--human",
+            help="yes: a person, who answers in 'ralph-mail serve'; no: a program.",
+            metavar="yes|no",
+        ),
+    ] = None,
     home: Home = None,
     agent: Agent = None,
 ) -> None:
-    """Change a member's description, manager or mode: a manager or a mode (and another
-    member's description) is the lead's to change.
+    """Change a member's description, manager, mode or whether it is a person: all but
+    one's own description are the lead's to change.
 
     \b
     Example:
       ralph-mail team set demo writer --manager lead --mode supervised --agent lead
+      ralph-mail team set demo alice --human yes --agent lead
     """
 
     def action() -> None:
-        if description is None and manager is None and mode is None:
-            raise MailError("nothing to change: pass --description, --manager or --mode")
+        if description is None and manager is None and mode is None and human is None:
+            raise MailError("nothing to change: pass --description, --manager, --mode or --human")
+        if human not in (None, "yes", "no"):
+            raise MailError(f"invalid --human {human!r}: give yes or no")
         who = identity(home, name, agent)
         if (
             manager is not None
             or mode is not None
+            or human is not None
             or (who.agent or os.environ.get("RALPH_AGENT")) != member
         ):
-            bus = who.lead("changing a member's manager, mode or another's description")
+            bus = who.lead("changing a member's manager, mode, kind or another's description")
         else:
             bus = who.bus()
         try:
-            bus.set_member(member, description=description, manager=manager, mode=mode)
+            if description is not None or manager is not None or mode is not None:
+                bus.set_member(member, description=description, manager=manager, mode=mode)
+            if human is not None:
+                from ralph_mail.team import change_roster
+
+                change_roster(bus.refresh_team(), member=member, human=human == "yes")
         finally:
             bus.close()
         say(safe(f"updated {member} in team {name}", newlines=False) + "\n")

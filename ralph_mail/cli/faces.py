@@ -9,11 +9,12 @@ import json
 import os
 import select
 import time
-from typing import Final
+from typing import Annotated, Final
 
 from ralph_mail import settings
 from ralph_mail.cli import EXIT_REFUSED, EXIT_USAGE, error_line
 from ralph_mail.cli.app import Agent, Home, TeamName, app, command, identity
+from ralph_mail.cli.command import Option
 from ralph_mail.errors import MailError, RefusedByRules
 
 #: JSON-RPC's "internal error": what a client's opening request gets from a server that
@@ -112,6 +113,47 @@ def top(home: Home = None, team: TeamName = None) -> None:
         from ralph_mail.dashboard import Dashboard
 
         Dashboard(identity(home, team, None).need_team(), home).run()
+        return 0
+
+    command(action)
+
+
+@app.command("serve")
+def serve(
+    home: Home = None,
+    team: TeamName = None,
+    host: Annotated[
+        str, Option("--host", help="Where to listen; beyond loopback it warns.", metavar="HOST")
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, Option("--port", help="The port (0: any free one).", metavar="N", most=65535)
+    ] = 8400,
+) -> None:
+    """Serve the team over HTTP: a live page for people (roster, tasks, conversation,
+    approvals to approve or deny, questions to a human member to answer). Prints its
+    address with a fresh access token, which every request needs; runs until SIGTERM
+    or Ctrl-C. Needs the serve extra: pip install 'ralph_mail[serve]'.
+
+    \b
+    Example:
+      ralph-mail serve --team demo --port 8400
+    """
+
+    def action() -> int:
+        _need("uvicorn", "serve", "the server")
+        _need("starlette", "serve", "the server")
+        from ralph_mail.serve.server import serve as run_server
+        from ralph_mail.team import load_team
+
+        name = identity(home, team, None).need_team()
+        load_team(name, home)  # an unknown team: one line, before anything listens
+        try:
+            run_server(name, home, host, port)
+        except OSError as exc:  # the port is taken, the host is not this machine's
+            raise MailError(
+                f"cannot listen on {host}:{port} ({exc.strerror or exc}): "
+                "pick another --port or --host"
+            ) from None
         return 0
 
     command(action)

@@ -155,7 +155,8 @@ def team_show(
         if json:
             print_json_lines([_team_record(roster)])
         else:
-            rows = [(m.name, m.role, m.description) for m in roster.members]
+            rows = [(m.name, f"{m.role} (human)" if m.human else m.role, m.description)
+                    for m in roster.members]  # fmt: skip
             print_table(f"team {roster.name}", ["member", "role", "description"], rows)
 
     command(action)
