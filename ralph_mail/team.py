@@ -211,9 +211,11 @@ def update_team(
     manager: str | None = None,
     mode: str | None = None,
     config: Mapping[str, str] | None = None,
+    human: bool | None = None,
 ) -> Team:
-    """Change a member's ``description``, ``manager`` (``""`` clears it) or ``mode``,
-    and/or the team's ``config`` settings; return the team as saved.
+    """Change a member's ``description``, ``manager`` (``""`` clears it), ``mode`` or
+    whether it is ``human``, and/or the team's ``config`` settings; return the team as
+    saved.
 
     Everything is checked before the roster is rewritten (atomically, under its lock).
 
@@ -223,7 +225,7 @@ def update_team(
     """
     team = load_team(name, home, backend=backend)
     change_roster(team, member=member, description=description, manager=manager, mode=mode,
-                  config=config)  # fmt: skip
+                  config=config, human=human)  # fmt: skip
     return load_team(name, home, backend=backend)
 
 
