@@ -128,11 +128,20 @@ def serve(
     port: Annotated[
         int, Option("--port", help="The port (0: any free one).", metavar="N", most=65535)
     ] = 8400,
+    caller: Annotated[
+        str | None,
+        Option(
+            "--caller",
+            help="The member outside A2A agents delegate as [default: the lead].",
+            metavar="AGENT",
+        ),
+    ] = None,
 ) -> None:
     """Serve the team over HTTP: a live page for people (roster, tasks, conversation,
-    approvals to approve or deny, questions to a human member to answer). Prints its
-    address with a fresh access token, which every request needs; runs until SIGTERM
-    or Ctrl-C. Needs the serve extra: pip install 'ralph_mail[serve]'.
+    approvals to approve or deny, questions to a human member to answer), and each
+    member as an A2A agent at /a2a/NAME/ (a message to it is a task delegated by
+    --caller). Prints its address with a fresh access token, which every request needs;
+    runs until SIGTERM or Ctrl-C. Needs the serve extra: pip install 'ralph_mail[serve]'.
 
     \b
     Example:
@@ -142,13 +151,17 @@ def serve(
     def action() -> int:
         _need("uvicorn", "serve", "the server")
         _need("starlette", "serve", "the server")
+        if caller is not None:
+            _need("a2a", "serve", "the A2A agents")
         from ralph_mail.serve.server import serve as run_server
         from ralph_mail.team import load_team
 
         name = identity(home, team, None).need_team()
-        load_team(name, home)  # an unknown team: one line, before anything listens
+        roster = load_team(name, home)  # an unknown team: one line, before anything listens
+        if caller is not None:
+            roster.member(caller)
         try:
-            run_server(name, home, host, port)
+            run_server(name, home, host, port, caller)
         except OSError as exc:  # the port is taken, the host is not this machine's
             raise MailError(
                 f"cannot listen on {host}:{port} ({exc.strerror or exc}): "

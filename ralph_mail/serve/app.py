@@ -14,7 +14,7 @@ import asyncio
 import hmac
 import json
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any, Final
@@ -67,6 +67,23 @@ class Hub:
     def _bump(self) -> None:
         changed, self.changed = self.changed, asyncio.Event()
         changed.set()
+
+    def next_change(self) -> Coroutine[Any, Any, bool]:
+        """Wait for the next change of the team: True, or False when the server stops.
+        The change waited for is the one after this call, not after the first await."""
+        changed = self.changed
+
+        async def wait() -> bool:
+            closing = asyncio.ensure_future(self.closing.wait())
+            woken = asyncio.ensure_future(changed.wait())
+            try:
+                await asyncio.wait({closing, woken}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                closing.cancel()
+                woken.cancel()
+            return not self.closing.is_set()
+
+        return wait()
 
     def close_soon(self) -> None:
         """End the feeds (from a signal handler or any thread)."""
@@ -124,11 +141,12 @@ def _asset(name: str) -> str:
 def build(
     view: TeamView,
     token: str,
-    extra_routes: list[Route] | None = None,
+    caller: str | None = None,
     ready: Callable[[], None] | None = None,
 ) -> Starlette:
-    """The app for ``view``, guarded by ``token``; ``extra_routes`` mounted too;
-    ``ready`` called once it serves (the team followed, the human members present)."""
+    """The app for ``view``, guarded by ``token``; with ``caller``, each other member is
+    an A2A agent too, delegated to from ``caller``; ``ready`` is called once it serves
+    (the team followed, the human members present)."""
     hub = Hub(view)
     page, script = _asset("page.html"), _asset("page.js")
 
@@ -178,10 +196,16 @@ def build(
         Route("/api/approve", approve, methods=["POST"]),
         Route("/api/deny", deny, methods=["POST"]),
         Route("/api/answer", answer, methods=["POST"]),
-        *(extra_routes or []),
     ]
+    if caller is not None:
+        from ralph_mail.serve import a2a
+
+        view.team().member(caller)  # an unknown caller: refused before serving
+        base = lambda request: str(request.base_url).rstrip("/")  # noqa: E731
+        routes += a2a.routes(view, caller, base, hub.next_change)
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.hub = hub
+    app.state.caller = caller
     app.add_middleware(TokenGate, token=token)
     return app
 
@@ -190,21 +214,18 @@ async def _feed(hub: Hub) -> AsyncIterator[str]:
     """The page's live feed: the snapshot now, then each time it changed."""
     last = ""
     while not hub.closing.is_set():
-        changed = hub.changed  # taken before the snapshot: a change during it wakes us
+        changed = hub.next_change()  # before the snapshot: a change during it wakes us
         try:
-            now = json.dumps(await asyncio.to_thread(hub.view.snapshot))
-        except MailError as exc:
-            now = json.dumps({"error": str(exc)})
-        if now != last:
-            last = now
-            yield f"data: {now}\n\n"
-        closing = asyncio.ensure_future(hub.closing.wait())
-        woken = asyncio.ensure_future(changed.wait())
-        try:
-            await asyncio.wait({closing, woken}, return_when=asyncio.FIRST_COMPLETED)
+            try:
+                now = json.dumps(await asyncio.to_thread(hub.view.snapshot))
+            except MailError as exc:
+                now = json.dumps({"error": str(exc)})
+            if now != last:
+                last = now
+                yield f"data: {now}\n\n"
+            await changed
         finally:
-            closing.cancel()
-            woken.cancel()
+            changed.close()  # not awaited when the feed was closed meanwhile
 
 
 async def _act(request: Request, act: Callable[[dict[str, Any]], dict[str, Any]]) -> Response:

@@ -34,20 +34,49 @@ class _Server(uvicorn.Server):
 
 
 def app_for(
-    team: str, home: str | None, token: str, ready: Callable[[], None] | None = None
+    team: str,
+    home: str | None,
+    token: str,
+    caller: str | None = None,
+    ready: Callable[[], None] | None = None,
 ) -> Starlette:
-    """The app that serves ``team``, guarded by ``token``."""
-    return build(TeamView(team, home), token, ready=ready)
+    """The app that serves ``team``, guarded by ``token``; the members as A2A agents,
+    delegated to from ``caller`` (default: the lead), when the a2a-sdk is installed."""
+    view = TeamView(team, home)
+    if caller is None and a2a_installed():
+        caller = view.team().lead
+    return build(view, token, caller, ready)
 
 
-def serve(team: str, home: str | None = None, host: str = HOST, port: int = PORT) -> None:
+def a2a_installed() -> bool:
+    """Whether the a2a-sdk (with its server part) can be imported."""
+    import importlib.util
+
+    return importlib.util.find_spec("a2a") is not None
+
+
+def serve(
+    team: str,
+    home: str | None = None,
+    host: str = HOST,
+    port: int = PORT,
+    caller: str | None = None,
+) -> None:
     """Serve ``team`` until SIGTERM or SIGINT; print its address with a fresh token on
-    standard output first. A host beyond loopback is warned about on stderr."""
+    standard output first, once it serves (and where its A2A agents are). A host beyond
+    loopback is warned about on stderr."""
     token = secrets.token_urlsafe(24)
     sock = listen(host, port)
     address = url(sock, token)
-    app = app_for(team, home, token,
-                  lambda: print(f"serving team {team} at {address}", flush=True))  # fmt: skip
+
+    def ready() -> None:
+        print(f"serving team {team} at {address}", flush=True)
+        if app.state.caller is not None:
+            base = address.partition("/?token=")[0]
+            print(f"A2A: each member at {base}/a2a/NAME/ (delegating as {app.state.caller})",
+                  flush=True)  # fmt: skip
+
+    app = app_for(team, home, token, caller, ready)
     try:
         if not loopback(host):
             print(f"ralph-mail: warning: serving on {host}, beyond this machine: anyone who "

@@ -148,6 +148,12 @@ class TeamView:
         with self._lock:
             return bus.approve(message_id) if approved else bus.deny(message_id, reason)
 
+    def delegate(self, caller: str, to: str, text: str) -> tasks.Task:
+        """Give ``to`` a task from ``caller`` (the policy and the Gate judge it)."""
+        bus = self.bus(caller)
+        with self._lock:
+            return bus.delegate(to, text)
+
     def answer(self, request_id: str, text: str) -> Message:
         """Answer a question put to a human member, as that member, in its thread."""
         team = self.team()

@@ -35,7 +35,7 @@ def first_line(proc: subprocess.Popen[bytes], stream: str = "stdout") -> bytes:
     pipe = getattr(proc, stream)
     deadline = time.monotonic() + BOUND_S
     line = b""
-    while not line.endswith(b"\n"):
+    while b"\n" not in line:
         left = deadline - time.monotonic()
         assert left > 0, f"no line on {stream} within {BOUND_S} s: {line!r}"
         if select.select([pipe], [], [], left)[0]:
@@ -44,7 +44,7 @@ def first_line(proc: subprocess.Popen[bytes], stream: str = "stdout") -> bytes:
                 err = proc.stderr.read() if proc.stderr and stream != "stderr" else b""
                 raise AssertionError(f"{stream} closed before a line: {line!r} {err!r}")
             line += chunk
-    return line
+    return line.split(b"\n", 1)[0] + b"\n"  # what came after it is not looked at
 
 
 def serve(procs: Processes, home: Path, *args: str, team: str = "demo") -> Served:
