@@ -63,7 +63,7 @@ function questions(items) {
 function roster(members) {
   const rows = [el("tr", {}, el("th", {}, "member"), el("th", {}, "presence"), el("th", {}, "does"))];
   for (const m of members) {
-    const who = m.name + (m.role === "lead" ? " (lead)" : "") + (m.human ? " 👤" : "");
+    const who = m.name + (m.role === "lead" ? " (lead)" : "") + (m.human ? " (person)" : "");
     rows.push(el("tr", { "data-member": m.name },
       el("td", {}, who),
       el("td", {}, el("span", { class: `presence p-${m.presence}` }, m.presence)),
