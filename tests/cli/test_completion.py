@@ -54,8 +54,8 @@ def script(home: Path, shell: str) -> str:
 
 
 def test_a_partial_command_completes_to_the_commands_it_begins(home: Path, tmp_path: Path) -> None:
-    """'ralph-mail se' -> search, send; a bare TAB lists every command and group."""
-    assert complete(home, "ralph-mail se", tmp_path) == ["search", "send"]
+    """'ralph-mail se' -> search, send, serve; a bare TAB lists every command and group."""
+    assert complete(home, "ralph-mail se", tmp_path) == ["search", "send", "serve"]
     everything = complete(home, "ralph-mail ", tmp_path)
     assert {"send", "read", "team", "policy", "completion"} <= set(everything)
     assert not [word for word in everything if word.startswith("-")]  # options once '-' is typed
