@@ -21,6 +21,7 @@ from tests.helpers import REPO
 SECTIONS = {
     "send", "writers", "read", "wakeup", "ask", "conversation", "search", "channels",
     "mcp_server", "dashboard", "nats_backend", "cli", "fanout", "scale", "members",
+    "serve",
 }  # fmt: skip
 TARGETS = {
     "nats_send",
