@@ -84,7 +84,8 @@ def _runner(
     return proc
 
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Terminate ``procs`` and reap them (killed past `BOUND_S`)."""
     for proc in procs:
         proc.terminate()
     for proc in procs:
@@ -131,7 +132,7 @@ def _responder(rm: ModuleType, exe: Path, ws: Workspace, sizes: Sizes, sec: Sect
             finish.values.append((_ns(reply.ts) - ran) / 1e6)
     finally:
         lead.close()
-        _stop([runner])
+        stop_all([runner])
 
 
 def _turns(rm: ModuleType, exe: Path, ws: Workspace, sizes: Sizes, sec: Section) -> None:
@@ -169,7 +170,7 @@ def _turns(rm: ModuleType, exe: Path, ws: Workspace, sizes: Sizes, sec: Section)
         waiter.close()
     finally:
         lead.close()
-        _stop(runners)
+        stop_all(runners)
 
 
 def _cancel(rm: ModuleType, exe: Path, ws: Workspace, sizes: Sizes, sec: Section) -> None:

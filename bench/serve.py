@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from types import ModuleType
 
+from bench.channels import stop_all
 from bench.cli import executable
 from bench.common import Row, Section, Sizes, Workspace, child_env, optional_module, ralph
 
@@ -35,17 +36,6 @@ def _start(
     pipe = proc.stderr if err else proc.stdout
     assert pipe is not None
     return pipe.readline().decode()
-
-
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(timeout=BOUND_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 async def _a2a_sends(base: str, token: str, n: int) -> list[float]:
@@ -93,7 +83,7 @@ def _measure(rm: ModuleType, exe: Path, ws: Workspace, sizes: Sizes, sec: Sectio
                 ask.values.append((time.perf_counter() - t0) * 1e3)
         a2a.values += asyncio.run(_a2a_sends(base, token, sizes.run_samples))
     finally:
-        _stop(started)
+        stop_all(started)
 
 
 def run(sizes: Sizes, ws: Workspace) -> Section:

@@ -8,6 +8,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterable, Mapping
@@ -37,6 +38,8 @@ class Member:
         mode: ``"autonomous"`` (the default), ``"supervised"`` or ``"strict"``.
         human: a person, not a program: what is asked of it waits for an answer typed
             in ``ralph-mail serve``'s page (or a ``reply`` from a terminal).
+        remote: the A2A address of an agent elsewhere that this member stands for
+            (None: none); ``ralph-mail serve`` passes what is asked of it there.
     """
 
     name: str
@@ -45,6 +48,7 @@ class Member:
     manager: str | None = None
     mode: str = "autonomous"
     human: bool = False
+    remote: str | None = None
 
     def to_dict(self) -> dict[str, str | bool]:
         """The member as ``team.json`` keeps it (manager, mode and human only when set)."""
@@ -56,6 +60,8 @@ class Member:
             record["mode"] = self.mode
         if self.human:
             record["human"] = True
+        if self.remote is not None:
+            record["remote"] = self.remote
         return record
 
 
@@ -198,6 +204,7 @@ def _read_member(record: dict[str, object]) -> Member:
         None if manager is None else check_name(manager, "manager name"),
         str(mode),
         record.get("human") is True,
+        None if record.get("remote") is None else str(record["remote"]),
     )
 
 
@@ -279,6 +286,27 @@ def change_roster(
         if config:
             data.setdefault("config", {}).update({k: str(v) for k, v in config.items()})
         return codec.dumps_indented(data)
+
+    team.store.update_roster(change)
+
+
+def add_member(team: Team, name: str, description: str = "", *, remote: str | None = None) -> None:
+    """Add member ``name`` to a team already loaded: its empty inbox, then its roster
+    entry (``remote``: the A2A address it stands for, http or https)."""
+    check_name(name, "agent name")
+    if name in team.names:
+        raise InvalidName(f"{name!r} is already a member of team {team.name!r}: pick another name")
+    if remote is not None and not remote.startswith(("http://", "https://")):
+        raise InvalidName(f"invalid address {remote!r}: give an http:// or https:// URL")
+    with contextlib.suppress(FileExistsError):  # made by an add stopped before the roster
+        team.store.create_log(name)
+    record = Member(name, description, remote=remote).to_dict()
+
+    def change(raw: bytes) -> bytes:
+        data = orjson.loads(raw)
+        if all(m["name"] != name for m in data["members"]):
+            data["members"].append(record)
+        return orjson.dumps(data, option=orjson.OPT_INDENT_2)
 
     team.store.update_roster(change)
 

@@ -452,3 +452,37 @@ def team_config(
             say("".join(f"{k}\t{safe(v, newlines=False)}\n" for k, v, _ in rows))
 
     command(action)
+
+
+@team_app.command("add-remote")
+def team_add_remote(
+    name: Annotated[str, Argument(help="The team.", metavar="TEAM")],
+    member: Annotated[str, Argument(help="The new member's name.", metavar="AGENT")],
+    url: Annotated[str, Argument(help="Its A2A address (http or https).", metavar="URL")],
+    description: Annotated[
+        str | None, Option("--description", help="What it does.", metavar="D")
+    ] = None,
+    home: Home = None,
+    agent: Agent = None,
+) -> None:
+    """Add a member that stands for an A2A agent elsewhere (the lead's to do): while
+    'ralph-mail serve' serves the team, what is asked of it or delegated to it goes to
+    URL over A2A, and the answer comes back as the member's.
+
+    \b
+    Example:
+      ralph-mail team add-remote demo translator http://10.0.0.7:8400/a2a/writer/ --agent lead
+    """
+
+    def action() -> None:
+        from ralph_mail.team import add_member
+
+        bus = identity(home, name, agent).lead("adding a member")
+        try:
+            add_member(bus.refresh_team(), member, description or "", remote=url)
+        finally:
+            bus.close()
+        shown = url.partition("?")[0]  # not the token it may carry
+        say(safe(f"added {member} to team {name}: it stands for {shown}", newlines=False) + "\n")
+
+    command(action)

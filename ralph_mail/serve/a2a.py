@@ -37,7 +37,6 @@ from starlette.routing import Route
 
 from ralph_mail.errors import MailError, RefusedByRules
 from ralph_mail.message import parse_ts
-from ralph_mail.talk import tasks
 
 if TYPE_CHECKING:
     from ralph_mail.serve.team import TeamView
@@ -128,7 +127,7 @@ class MemberHandler(RequestHandler):
         self.view, self.agent, self.caller, self.changes = view, agent, caller, changes
 
     def _tasks(self) -> dict[str, Task]:
-        return {k: t for k, t in tasks.load(self.view.store)[0].items() if t.assignee == self.agent}
+        return {k: t for k, t in self.view.task_log().items() if t.assignee == self.agent}
 
     async def _task(self, task_id: str) -> Task:
         found = (await asyncio.to_thread(self._tasks)).get(task_id)

@@ -157,7 +157,10 @@ def build(
         return Response(script, media_type="text/javascript")
 
     async def state(request: Request) -> Response:
-        return JSONResponse(await asyncio.to_thread(view.snapshot))
+        try:
+            return JSONResponse(await asyncio.to_thread(view.snapshot))
+        except MailError as exc:  # a damaged roster, a store that fails: said, not a trace
+            return _refused(503, str(exc))
 
     async def events(request: Request) -> Response:
         return StreamingResponse(_feed(hub), media_type="text/event-stream",
@@ -180,12 +183,21 @@ def build(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         hub.start()
+        bridges: list[threading.Thread] = []
+        stop_bridges = threading.Event()
         try:
+            if caller is not None:  # the A2A client is there: remote members answer too
+                from ralph_mail.serve import remote
+
+                bridges = remote.bridge(view, stop_bridges)
             if ready is not None:
                 ready()
             yield
         finally:
+            stop_bridges.set()
             hub.stop()
+            for thread in bridges:
+                await asyncio.to_thread(thread.join)
             await asyncio.to_thread(view.close)
 
     routes = [

@@ -30,19 +30,25 @@ SHOWN: Final = 200
 
 class TeamView:
     """One team as the server sees it: read through the lead's bus, acted on through the
-    bus of the member who acts. Safe to use from many threads (acts are serialised)."""
+    bus of the member who acts. Safe to use from many threads: its reads and acts take
+    turns (a bus is not shared between threads at once)."""
 
     def __init__(self, team: str, home: str | None = None) -> None:
         self._home = home
         self._lead = MessageBus(team, _lead_of(team, home), home)
         self._buses: dict[str, MessageBus] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._roster_raw = b""
         self._team = self._lead.team
 
     @property
     def store(self) -> TeamStore:
         return self._lead.store
+
+    @property
+    def home(self) -> str | None:
+        """The mailbox home given (None: the default)."""
+        return self._home
 
     @property
     def name(self) -> str:
@@ -85,14 +91,24 @@ class TeamView:
 
     def keep_humans_present(self) -> None:
         """Note each human member as active (what is asked of it reaches the page)."""
-        for member in self.team().members:
-            if member.human:
-                self.bus(member.name).touch()
+        with self._lock:
+            for member in self.team().members:
+                if member.human:
+                    self.bus(member.name).touch()
 
     # -- the snapshot ---------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
         """Everything the page shows, as JSON-ready data."""
+        with self._lock:
+            return self._snapshot()
+
+    def task_log(self) -> dict[str, tasks.Task]:
+        """The team's tasks, from its task log."""
+        with self._lock:
+            return tasks.load(self.store)[0]
+
+    def _snapshot(self) -> dict[str, Any]:
         team = self.team()
         now = time.time()
         tree = tasks.tree_lines(tasks.load(self.store)[0])
@@ -141,27 +157,24 @@ class TeamView:
 
     def decide(self, message_id: str, approved: bool, reason: str = "") -> approvals.Held:
         """Approve or deny a held message, as its approver."""
-        held = self._lead.approval_of(message_id)
-        if held is None:
-            raise MailError(f"no message {message_id!r} is held for approval")
-        bus = self.bus(held.approver)
         with self._lock:
+            held = self._lead.approval_of(message_id)
+            if held is None:
+                raise MailError(f"no message {message_id!r} is held for approval")
+            bus = self.bus(held.approver)
             return bus.approve(message_id) if approved else bus.deny(message_id, reason)
 
     def delegate(self, caller: str, to: str, text: str) -> tasks.Task:
         """Give ``to`` a task from ``caller`` (the policy and the Gate judge it)."""
-        bus = self.bus(caller)
         with self._lock:
-            return bus.delegate(to, text)
+            return self.bus(caller).delegate(to, text)
 
     def answer(self, request_id: str, text: str) -> Message:
         """Answer a question put to a human member, as that member, in its thread."""
-        team = self.team()
-        for request in self.questions(team):
-            if request.id == request_id:
-                bus = self.bus(request.to_agent)
-                with self._lock:
-                    return bus.reply(request, text)
+        with self._lock:
+            for request in self.questions(self.team()):
+                if request.id == request_id:
+                    return self.bus(request.to_agent).reply(request, text)
         raise UnknownAgent(f"no open question {request_id!r} to a human member")
 
     def close(self) -> None:

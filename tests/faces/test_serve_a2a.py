@@ -26,10 +26,11 @@ from a2a.utils.errors import (
     UnsupportedOperationError,
 )
 
-from ralph_mail import MessageBus, Team
+from ralph_mail import MessageBus, Team, create_team
 from ralph_mail.govern.policy import Rule
 from ralph_mail.serve.a2a import a2a_state
-from tests.helpers.processes import BOUND_S, Processes, runner
+from ralph_mail.team import load_team
+from tests.helpers.processes import BOUND_S, Processes, ralph, runner
 from tests.helpers.serving import Served, serve
 
 ECHO = 'echo "done by $RALPH_AGENT for $RALPH_FROM: $(tail -n 1)"'
@@ -202,8 +203,52 @@ def test_the_states_map_onto_a2as() -> None:
         assert pb.TaskState.Name(a2a_state(status)) == f"TASK_STATE_{state}", status
 
 
-def test_a_caller_that_is_no_member_is_refused(team: Team, tmp_path: Path) -> None:
-    from tests.helpers.processes import ralph
-
+def test_a_caller_that_is_no_member_is_refused(team: Team) -> None:
     done = ralph(team.home, "serve", "--team", "demo", "--port", "0", "--caller", "ghost")
     assert done.returncode == 2 and b"unknown agent 'ghost'" in done.stderr
+
+
+def test_a_remote_member_is_asked_and_delegated_to_over_a2a(procs: Processes, home: Path) -> None:
+    """Team 'near' has a member that stands for worker 'w' of team 'far', served
+    elsewhere: an ask and a delegation to it are answered by 'w', over A2A."""
+    create_team("far", ["lead", ("w", "translates")], home=home)
+    create_team("near", ["lead", "writer"], home=home)
+    runner(procs, home, "w", ECHO, team="far")
+    far = serve(procs, home, team="far")
+    address = f"{far.base}/a2a/w/?token={far.token}"
+    added = ralph(home, "team", "add-remote", "near", "helper", address,
+                  "--description", "far's translator", "--agent", "lead")  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    assert far.token.encode() not in added.stdout  # the token is not shown
+    roster = load_team("near", home)
+    assert roster.member("helper").remote == address
+    serve(procs, home, team="near")  # it answers for helper
+    asked = ralph(home, "ask", "helper", "bonjour", "--team", "near", "--agent", "writer",
+                  "--timeout", str(BOUND_S))  # fmt: skip
+    assert asked.returncode == 0, asked.stderr
+    assert asked.stdout.decode().strip() == "done by w for lead: bonjour"
+    with MessageBus("near", "writer", home) as writer:
+        since = writer.store.size("writer")
+        task = writer.delegate("helper", "merci")
+        result = writer.wait_for_result(task, BOUND_S, since)
+    assert result is not None and result.content == "done by w for lead: merci"
+    # on far, each is a task delegated by its caller, in its task log
+    far_tasks = [t.description for t in MessageBus("far", "lead", home).tasks()]
+    assert far_tasks == ["bonjour", "merci"]
+
+
+def test_add_remote_refuses_bad_input(team: Team) -> None:
+    for args, code, said in (
+        (["team", "add-remote", "demo", "worker-1", "http://x/", "--agent", "lead"], 2,
+         b"already a member"),
+        (["team", "add-remote", "demo", "far", "ftp://x/", "--agent", "lead"], 2,
+         b"give an http:// or https:// URL"),
+        (["team", "add-remote", "demo", "far", "http://x/", "--agent", "worker-1"], 4,
+         b"the lead's to do"),
+        (["team", "add-remote", "demo", "../x", "http://x/", "--agent", "lead"], 2,
+         b"invalid agent name"),
+    ):  # fmt: skip
+        done = ralph(team.home, *args)
+        assert done.returncode == code, (args, done.stderr)
+        assert said in done.stderr, done.stderr
+    assert load_team("demo", team.home).names == ("lead", "worker-1", "worker-2")

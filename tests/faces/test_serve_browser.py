@@ -69,12 +69,21 @@ def until(driver: WebDriver, condition: object) -> object:
     return WebDriverWait(driver, BOUND_S).until(condition)  # type: ignore[arg-type]
 
 
+def shows(driver: WebDriver, pane: str, text: str) -> None:
+    """Wait until pane ``pane`` of the page shows ``text``."""
+    until(driver, seen.text_to_be_present_in_element((By.ID, pane), text))
+
+
+def open_page(procs: Processes, people: Team, driver: WebDriver, pane: str, text: str) -> None:
+    """Serve team demo and open its page, once pane ``pane`` shows ``text``."""
+    driver.get(serve(procs, people.home).url)
+    shows(driver, pane, text)
+
+
 def test_a_click_on_approve_delivers_the_held_message(
     procs: Processes, people: Team, browser: WebDriver
 ) -> None:
-    served = serve(procs, people.home)
-    browser.get(served.url)
-    until(browser, seen.text_to_be_present_in_element((By.ID, "approvals"), "nothing waits"))
+    open_page(procs, people, browser, "approvals", "nothing waits")
     with MessageBus("demo", "writer", people.home) as writer:
         held = writer.send("lead", "text", "may I publish the draft?")
     button = until(browser, seen.element_to_be_clickable(
@@ -86,7 +95,7 @@ def test_a_click_on_approve_delivers_the_held_message(
             return any(m.id == held.id for m in lead.peek())
 
     wait_until(delivered, "the approved message in lead's inbox")
-    until(browser, seen.text_to_be_present_in_element((By.ID, "approvals"), "nothing waits"))
+    shows(browser, "approvals", "nothing waits")
     # what was said shows in the conversation, the internal part folded
     fold = until(browser, seen.presence_of_element_located(
         (By.CSS_SELECTOR, "#conversation details.internal summary")))  # fmt: skip
@@ -96,9 +105,7 @@ def test_a_click_on_approve_delivers_the_held_message(
 def test_an_answer_typed_in_the_page_reaches_the_askers_ask(
     procs: Processes, people: Team, browser: WebDriver
 ) -> None:
-    served = serve(procs, people.home)
-    browser.get(served.url)
-    until(browser, seen.text_to_be_present_in_element((By.ID, "questions"), "no question"))
+    open_page(procs, people, browser, "questions", "no question")
     asking = subprocess.Popen(
         [sys.executable, "-m", "ralph_mail", "ask", "alice", "Ship on Friday?", "--team",
          "demo", "--agent", "writer", "--timeout", str(BOUND_S)],
@@ -113,4 +120,4 @@ def test_an_answer_typed_in_the_page_reaches_the_askers_ask(
     out, err = asking.communicate(timeout=BOUND_S)
     assert asking.returncode == 0, err
     assert out.decode().strip() == "Yes, ship it on Friday"
-    until(browser, seen.text_to_be_present_in_element((By.ID, "questions"), "no question"))
+    shows(browser, "questions", "no question")
