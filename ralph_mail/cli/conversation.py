@@ -465,7 +465,7 @@ def team_add_remote(
     home: Home = None,
     agent: Agent = None,
 ) -> None:
-    """Add a member that stands for an A2A agent elsewhere (the lead's to do): while
+    """Add a member that stands for the A2A agent at URL; the lead's to do. While
     'ralph-mail serve' serves the team, what is asked of it or delegated to it goes to
     URL over A2A, and the answer comes back as the member's.
 

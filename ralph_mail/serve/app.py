@@ -189,7 +189,7 @@ def build(
             if caller is not None:  # the A2A client is there: remote members answer too
                 from ralph_mail.serve import remote
 
-                bridges = remote.bridge(view, stop_bridges)
+                bridges = await asyncio.to_thread(remote.bridge, view, stop_bridges)
             if ready is not None:
                 ready()
             yield
