@@ -206,7 +206,7 @@ def _cancel(rm: ModuleType, exe: Path, ws: Workspace, sizes: Sizes, sec: Section
             kill.values.append((t2 - t1) * 1e3)
     finally:
         lead.close()
-        _stop([runner])
+        stop_all([runner])
 
 
 def run(sizes: Sizes, ws: Workspace) -> Section:

@@ -6,8 +6,9 @@ roster member that stands for outside agents (``--caller``, the lead by default)
 the team's policy and the Gate judge it as any delegation of that member's. It answers
 at once with the task (``returnImmediately``) or once the task ended. GetTask,
 ListTasks and SubscribeToTask read the team's task log: the log is the store, so a task
-outlives a restart of the server. A task is never consumed here: its result stays in
-the caller's inbox as well.
+outlives a restart of the server. CancelTask cancels it as the caller
+(`MessageBus.cancel`). A task is never consumed here: its result stays in the caller's
+inbox as well.
 
 `a2a_state` is the one place where the task log's states become A2A's.
 """
@@ -169,9 +170,12 @@ class MemberHandler(RequestHandler):
         self, params: pb.CancelTaskRequest, context: ServerCallContext
     ) -> pb.Task:
         task = await self._task(params.id)
-        raise TaskNotCancelableError(
-            message=f"task {task.id} is {task.status}: the team's tasks cannot be canceled yet"
-        )
+        try:
+            await asyncio.to_thread(self.view.cancel, self.caller, task.id,
+                                    "canceled by an A2A client")  # fmt: skip
+        except MailError as exc:  # it ended first (TaskEnded), or is not the caller's
+            raise TaskNotCancelableError(message=str(exc)) from None
+        return a2a_task(await self._task(task.id))
 
     async def _delegate(self, params: pb.SendMessageRequest) -> Task:
         message = params.message

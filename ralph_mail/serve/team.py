@@ -169,6 +169,11 @@ class TeamView:
         with self._lock:
             return self.bus(caller).delegate(to, text)
 
+    def cancel(self, caller: str, task_id: str, reason: str) -> tasks.Task:
+        """Cancel task ``task_id`` as ``caller`` (its delegator, or the lead)."""
+        with self._lock:
+            return self.bus(caller).cancel(task_id, reason)
+
     def answer(self, request_id: str, text: str) -> Message:
         """Answer a question put to a human member, as that member, in its thread."""
         with self._lock:
