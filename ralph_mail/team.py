@@ -303,10 +303,10 @@ def add_member(team: Team, name: str, description: str = "", *, remote: str | No
     record = Member(name, description, remote=remote).to_dict()
 
     def change(raw: bytes) -> bytes:
-        data = orjson.loads(raw)
+        data = codec.loads(raw)
         if all(m["name"] != name for m in data["members"]):
             data["members"].append(record)
-        return orjson.dumps(data, option=orjson.OPT_INDENT_2)
+        return codec.dumps_indented(data)
 
     team.store.update_roster(change)
 
