@@ -159,6 +159,10 @@ class Consuming:
         saved = Cursor(floor, {start for start in marks if start >= floor})
         self._store.save_cursor(self.agent, saved)
         self._cursor = saved
+        try:  # when it was consumed, for receipts: a hint, never a reason to fail a commit
+            self._store.note_commit(self.agent, cursor, saved)
+        except MailError as exc:
+            warnings.warn(str(exc), RuntimeWarning, stacklevel=4)
         if self._gc_auto and self._store.collectable(self.agent, floor) >= self._gc_auto:
             # Not now: a compaction interrupted here would make a call that has consumed
             # raise. The next read runs it, before it reads anything.

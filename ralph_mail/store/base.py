@@ -233,7 +233,7 @@ class Primitives(Protocol):
 
     def waiter(self, agents: list[str]) -> Waiter:
         """A `Waiter` woken by changes to these inboxes only (``#NAME``: a channel's log;
-        ``log:NAME``: a team log)."""
+        ``log:NAME``: a team log; ``commits:AGENT``: the commits of that inbox's owner)."""
 
     def close(self) -> None:
         """Release descriptors, connections and claims; the store may be used again."""
@@ -245,7 +245,8 @@ class TeamStore(Primitives, Protocol):
     The records: cursors (`load_cursor`, `save_cursor`, `drop_cursor`), presence
     (`save_presence`, `load_presence`), set-aside lines (`dead_letter`, `dead_letters`),
     indexes of lines (conversations, threads: `index_add`, `index_tail`), team logs (the
-    task log: `log_append`, `log_read`), gc over `compact` (`collect`) and `state_where`.
+    task log: `log_append`, `log_read`), commit times (`note_commit`, `consumed_at`), gc
+    over `compact` (`collect`) and `state_where`.
     `Records` implements each over the primitives; a backend overrides one only to do it
     faster (the file and NATS backends keep their own, in their own formats).
     """
@@ -289,6 +290,20 @@ class TeamStore(Primitives, Protocol):
 
     def log_read(self, name: str) -> bytes:
         """The team log ``name``: its whole lines (a record cut short is left out)."""
+
+    # Commit times: when each line of an inbox was consumed (receipts).
+    def note_commit(self, agent: str, before: Cursor, after: Cursor) -> None:
+        """Record, once `save_cursor` is done, that the cursor of ``agent``'s owner just
+        went from ``before`` to ``after``, now: its floors, the line it consumed out of
+        order (if one), and whether the floor passed lines consumed so before. One small
+        append; a waiter for ``commits:AGENT`` wakes on it. What `consumed_at` reads."""
+
+    def consumed_at(self, agent: str, offset: int, since: str) -> str | None:
+        """When the owner's cursor first passed the line at ``offset`` of ``agent``'s
+        inbox (stored at ts ``since``), as a ts; None when the commits kept do not say
+        (not consumed yet, consumed before commit times were kept, or their record was
+        dropped with the lines gc collected). Costs O(log commits), whatever the inbox
+        holds."""
 
     # gc, over `compact`.
     def collect(

@@ -21,21 +21,123 @@ What a backend built on these defaults keeps:
   then a team log's record, a dead letter as a JSON object, or an index entry as the JSON
   array ``[agent, offset, length]``. A backend's search and gc leave them out
   (`is_record_log`).
+- Commit times are the record log ``commits:AGENT``: a line per commit of that inbox's
+  owner, all of one width (`COMMIT_LINE` bytes: the ts, then the floor before, the floor
+  after and the line consumed out of order, or -1, in 20 characters each, then 1 when
+  the floor passed lines consumed out of order, else 0), so the k-th is at offset
+  ``k * COMMIT_LINE`` and a lookup bisects (`when_consumed`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING, Any, Final
 
 from ralph_mail import codec
+from ralph_mail.message import format_ts, parse_ts
 from ralph_mail.store.base import Cursor, check_key
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from ralph_mail.store.base import Compaction, Primitives
+
+
+#: How much earlier than a line's ts the commit that consumed it may be stamped: the
+#: clocks of the sender's and the owner's processes (on NATS, hosts) may differ by that.
+CLOCK_SLACK_US: Final = 1_000_000
+#: How many commits made after a line was stored are searched for the one that consumed
+#: it out of order; past them the time is not known (None), never guessed.
+MARK_SCAN: Final = 4096
+#: The width of a line of ``commits:AGENT`` (see the module docstring).
+COMMIT_LINE: Final = 27 + 3 * 21 + 2 + 1
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """One commit of an inbox's owner, as `TeamStore.note_commit` records it.
+
+    Attributes:
+        before: the floor before it.
+        floor: the floor after it: every line below is consumed.
+        mark: the line it consumed out of order (its offset), or -1.
+        time: when, in microseconds since the epoch.
+        passed: whether its floor passed lines consumed out of order before it.
+    """
+
+    before: int
+    floor: int
+    mark: int
+    time: int
+    passed: bool = False
+
+    @classmethod
+    def of(cls, before: Cursor, after: Cursor, time: int) -> Commit:
+        """The commit that moved a cursor from ``before`` to ``after`` at ``time``."""
+        mark, passed = marks(before, after)
+        return cls(before.floor, after.floor, mark, time, passed)
+
+
+def marks(before: Cursor, after: Cursor) -> tuple[int, bool]:
+    """The line a commit from ``before`` to ``after`` consumed out of order (-1: none),
+    and whether its floor passed lines consumed out of order before it."""
+    if not (before.acked or after.acked):  # the common case, on every commit: at once
+        return -1, False
+    mark = max(after.acked - before.acked, default=-1)
+    return mark, any(start < after.floor for start in before.acked)
+
+
+def first_where(low: int, high: int, test: Callable[[int], bool]) -> int:
+    """The first ``k`` in ``[low, high)`` for which ``test(k)`` holds (it holds for every
+    ``k`` after), or ``high``."""
+    while low < high:
+        middle = (low + high) // 2
+        if test(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def when_consumed(
+    offset: int,
+    since: str,
+    low: int,
+    high: int,
+    at: Callable[[int], Commit],
+    between: Callable[[int, int], tuple[Sequence[Commit], bool]],
+) -> str | None:
+    """`TeamStore.consumed_at` over the commits at positions ``low`` .. ``high - 1``, in
+    the order they were made (floors never go down, times neither): ``at(k)`` is the
+    commit at (or first after) position ``k``; ``between(a, b)`` the commits from ``a``
+    to before ``b``, `MARK_SCAN` at most, and whether that is all of them.
+
+    The commit that passed the line is the first whose floor is above it, if its floor
+    before was not (else the one that did was dropped: not known). When that commit
+    passed no line consumed out of order, it is the answer; else the line may have been
+    consumed out of order earlier, after it was stored: those commits are searched for
+    its mark.
+    """
+    look = cache(at)
+    passing = first_where(low, high, lambda k: look(k).floor > offset)
+    passed = passing < high and look(passing).before <= offset
+    if passed and not look(passing).passed:
+        return format_ts(look(passing).time)
+    stored = micros(since) - CLOCK_SLACK_US
+    start = first_where(low, passing, lambda k: look(k).time >= stored)
+    scanned, whole = between(start, passing)
+    for commit in scanned:
+        if commit.mark == offset:
+            return format_ts(commit.time)
+    return format_ts(look(passing).time) if passed and whole else None
+
+
+def micros(ts: str) -> int:
+    """A ts as microseconds since the epoch."""
+    return round(parse_ts(ts) * 1_000_000)
 
 
 def is_record_log(name: str) -> bool:
@@ -131,6 +233,30 @@ class Records:
         lines = _lines(self, f"log:{check_key(name, 'log name')}")
         return b"".join(payload + b"\n" for _, payload in lines)
 
+    def note_commit(self: Primitives, agent: str, before: Cursor, after: Cursor) -> None:
+        """Record a commit of ``agent``'s owner: a line of ``commits:AGENT``, stamped now."""
+        commit = Commit.of(before, after, 0)
+        fields = (commit.before, commit.floor, commit.mark, commit.passed)
+        _put(self, f"commits:{agent}", b"%020d %020d %020d %d" % fields)
+
+    def consumed_at(self: Primitives, agent: str, offset: int, since: str) -> str | None:
+        """When the owner's cursor first passed the line at ``offset`` (see `when_consumed`)."""
+        log = f"commits:{agent}"
+        _make(self, log)
+        end = self.size(log) // COMMIT_LINE
+        first = _start(self, log) // COMMIT_LINE
+
+        def at(k: int) -> Commit:
+            line = self.read_line(log, k * COMMIT_LINE, COMMIT_LINE) or b""
+            stamp, before, floor, mark, passed = line.split()
+            return Commit(int(before), int(floor), int(mark), micros(stamp.decode()),
+                          passed == b"1")  # fmt: skip
+
+        def between(low: int, high: int) -> tuple[list[Commit], bool]:
+            return [at(k) for k in range(low, min(high, low + MARK_SCAN))], high - low <= MARK_SCAN
+
+        return when_consumed(offset, since, first, end, at, between)
+
     def collect(
         self: Primitives, logs: list[str], min_bytes: int, drop_before: str | None, timeout: float
     ) -> tuple[tuple[Compaction, ...], tuple[Path, ...]]:
@@ -208,4 +334,4 @@ def _lines(store: Primitives, log: str) -> Iterator[tuple[str, bytes]]:
         offset += len(data)
 
 
-__all__ = ["Records", "is_record_log"]
+__all__ = ["Commit", "Records", "first_where", "is_record_log", "when_consumed"]

@@ -5,9 +5,9 @@ Split by concern: ``layout`` (where a team's files live, teams made and removed)
 (opens, writes, errors), ``watch`` (waking on file events), ``archive`` (what gc
 collected), ``deadletters`` (lines set aside), ``doctor`` (checks); one team's store in
 parts: ``team`` (directories and kept descriptors), ``logs`` (inboxes, channels, team
-logs, cursors, search), ``records`` (presence, state, rates, indexes), ``claims`` (the
-one consumer of an inbox), ``maintenance`` (gc); and ``backend`` (`FileStore`, those
-parts put together, and `FileBackend`).
+logs, cursors, search), ``records`` (presence, state, rates, indexes), ``commits`` (when
+cursors moved), ``claims`` (the one consumer of an inbox), ``maintenance`` (gc); and
+``backend`` (`FileStore`, those parts put together, and `FileBackend`).
 """
 
 from __future__ import annotations

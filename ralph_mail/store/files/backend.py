@@ -1,10 +1,11 @@
 """The file backend: `FileBackend` (a home of teams) and `FileStore` (one team's files).
 
-`FileStore` is put together from parts, each in its module: team.py (the directories
-and kept descriptors), logs.py (inboxes, channels, team logs, cursors, search),
-records.py (presence, state, rates, indexes, dead letters), claims.py (the one consumer
-of an inbox) and maintenance.py (gc); below them, the inbox log in inbox.py, the slot
-file in slots.py, the layout in layout.py and the POSIX helpers in posix.py.
+`FileStore` is put together from parts, each in its module: team.py (the directories and
+kept descriptors), logs.py (inboxes, channels, team logs, cursors, search), records.py
+(presence, state, rates, indexes, dead letters), commits.py (when cursors moved),
+claims.py (the one consumer of an inbox) and maintenance.py (gc); below them, the inbox
+log in inbox.py, the slot file in slots.py, the layout in layout.py and the POSIX
+helpers in posix.py.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import errno
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ralph_mail.store.files.commits import Commits
 from ralph_mail.store.files.layout import (
     create_team_files,
     read_roster,
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
     from ralph_mail.store.health import Finding
 
 
-class FileStore(Maintenance, Records):
+class FileStore(Maintenance, Records, Commits):
     """The files of one team (see layout.py for where each lives): a `TeamStore`.
 
     Keeps descriptors open between calls (that is what makes a send cost microseconds);

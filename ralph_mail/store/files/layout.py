@@ -7,6 +7,7 @@ Layout of one team (``$RALPH_HOME/teams/<team>/``)::
     channels/<name>.jsonl      one append-only log per channel: its posts
     cursors/<agent>.cursor     the owner's read position (a slot file, see slots.py);
                                #<channel>@<member>.cursor: a member's in a channel
+    cursors/<agent>.commits    when the owner's cursor moved (commits.py)
     consumers/<agent>.lock     held (flock) by the one process consuming that inbox
     presence/<agent>.slot      the agent's presence: state, until, last seen (a slot file)
     deadletters/<agent>.jsonl  lines set aside from that inbox, with the reason

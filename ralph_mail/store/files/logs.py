@@ -125,13 +125,18 @@ class Logs(TeamFiles):
         ring(self.dirs, key)
 
     def waiter(self, agents: list[str]) -> Watcher:
-        """A watcher woken by changes to these inboxes, channels (``#NAME``) and team logs
-        (``log:NAME``), and by their replacement: by their senders' doorbell (bells.py),
-        or file events, or polling (watch.py)."""
+        """A watcher woken by changes to these inboxes, channels (``#NAME``), team logs
+        (``log:NAME``) and owners' commits (``commits:AGENT``), and by their replacement:
+        by their senders' doorbell (bells.py), or file events, or polling (watch.py)."""
         self.dirs.get("mailbox", create=False)  # a missing or deleted team: a clear error now
         places: dict[str, list[str]] = {"mailbox": []}
         for key in agents:
-            where, name = ("logs", f"{key[4:]}.jsonl") if key.startswith("log:") else log_place(key)
+            if key.startswith("commits:"):
+                where, name = "cursors", f"{key[8:]}.commits"
+            elif key.startswith("log:"):
+                where, name = "logs", f"{key[4:]}.jsonl"
+            else:
+                where, name = log_place(key)
             places.setdefault(where, []).append(name)
             self.dirs.get(where)
         mailbox = places.pop("mailbox")

@@ -49,6 +49,8 @@ class TeamFiles:
         self._versions: dict[str, tuple[int, float, tuple[int, ...] | None]] = {}
         self._search: SearchIndex | None = None
         self._presence: dict[str, SlotFile] = {}
+        # Per inbox owner: the last floor and time in its commits file, records appended.
+        self._commit_state: dict[str, list[int]] = {}
         self._generation = 0
         # Held around each flock taken on a descriptor this store shares between threads
         # (the state's control file, rate rings): flock excludes other processes only.

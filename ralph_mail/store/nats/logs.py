@@ -144,6 +144,8 @@ class Logs(Bucket):
         trip); return its stream sequence."""
         tokens = message.reply.split(".")  # $JS.ACK.[domain.account.]stream.consumer...
         seq = int(tokens[5] if len(tokens) == 9 else tokens[7])
+        if "Ralph-Offset" not in message.headers:  # no line of a log (a commit): not kept
+            return seq
         offset = int(message.headers["Ralph-Offset"])
         with self._kept_lock:
             kept = self._kept.setdefault(message.subject, {})

@@ -120,13 +120,16 @@ class TeamStream:
         return found
 
     def _subject(self, key: str) -> str:
-        """The subject of log ``key``: an inbox, ``#channel``, ``log:name`` or ``ix:key``."""
+        """The subject of log ``key``: an inbox, ``#channel``, ``log:name``, ``ix:key`` or
+        ``commits:agent``."""
         if key.startswith("#"):
             return f"{self._prefix}.ch.{token(key[1:])}"
         if key.startswith("log:"):
             return f"{self._prefix}.tl.{token(key[4:])}"
         if key.startswith("ix:"):
             return f"{self._prefix}.ix.{hexed(key[3:])}"
+        if key.startswith("commits:"):
+            return f"{self._prefix}.ct.{token(key[8:])}"
         return f"{self._prefix}.in.{token(key)}"
 
     def _get(self, subject: str, seq: int | None = None) -> Reply | None:

@@ -5,11 +5,11 @@ whose agents run on several hosts. Selected by ``RALPH_BACKEND=nats://HOST:PORT`
 A team is one stream, ``RALPH_<team in hex>`` over ``ralph.<team in hex>.>``, and one
 key-value bucket of the same name. Every log the library keeps is a subject of that
 stream: an inbox (``in.<agent>``), a channel (``ch.<name>``), a team log (``tl.<name>``,
-the task log among them), an index (``ix.<key>``); how they are written and read is
-`logs`. A waiter pulls from an ephemeral consumer of its subjects (`waiter`). The bucket
-keeps the roster, presence, cursors, state, rates and the one-consumer claim
-(`bucket`). `NatsStore` puts the two sides together, and adds what needs both: gc and
-search.
+the task log among them), an index (``ix.<key>``), an owner's commits (``ct.<agent>``,
+`commits`); how they are written and read is `logs`. A waiter pulls from an ephemeral
+consumer of its subjects (`waiter`). The bucket keeps the roster, presence, cursors,
+state, rates and the one-consumer claim (`bucket`). `NatsStore` puts the two sides
+together, and adds what needs both: gc and search.
 
 What the file backend does with gc is the server's business here: nothing is compacted
 (``compact`` drops nothing; the stream's limits and ``purge_archive`` bound it), so the
@@ -32,14 +32,14 @@ from typing import TYPE_CHECKING
 
 from ralph_mail.store.base import Compaction
 from ralph_mail.store.nats.background import flush
-from ralph_mail.store.nats.logs import Logs
+from ralph_mail.store.nats.commits import Commits
 from ralph_mail.store.nats.names import kv_key, untoken
 
 if TYPE_CHECKING:
     from ralph_mail.store.search import Query, SearchIndex
 
 
-class NatsStore(Logs):
+class NatsStore(Commits):
     """One team on a NATS server (see the module docstring)."""
 
     def __init__(self, url: str, team: str, *, durable: bool = False) -> None:
