@@ -287,18 +287,30 @@ class Mailbox(Consuming):
         that cannot be written, leaves the message delivered but missing from history
         (never the other way round).
         """
-        recipient = message.to_agent
+        # (The sender, not me: an approver releasing a held message delivers it for it.)
+        sender, recipient = message.from_agent, message.to_agent
         try:
-            self._store.index_add(pair_key(self.agent, recipient), recipient, offset, length)
+            self._store.index_add(pair_key(sender, recipient), recipient, offset, length)
             if message.thread != message.id or message.type in THREAD_STARTERS:
                 self._store.index_add(f"thread+{message.thread}", recipient, offset, length)
-            if message.ack:  # for pending_acks: what I asked to be acknowledged
-                self._store.index_add(f"acks+{self.agent}", recipient, offset, length)
+            if message.ack:  # for pending_acks: what the sender asked to be acknowledged
+                self._store.index_add(f"acks+{sender}", recipient, offset, length)
             if message.type == MessageType.ACK:  # and what answered it, for its sender
                 self._store.index_add(f"acked+{recipient}", recipient, offset, length)
         except MailError as exc:  # the message is delivered: a send that returned stays so
             warnings.warn(f"{exc}; message {message.id} is missing from history",
                           RuntimeWarning, stacklevel=4)  # fmt: skip
+
+    def _index_copies(self, envelope: dict[str, object], copies: list[tuple[str, int]],
+                      length: int) -> None:  # fmt: skip
+        """Note where each copy of a broadcast is, ``(member, offset)``, in its sender's
+        ``broadcasts+NAME`` index (for receipts); as `_index`, after the appends."""
+        entries = [(member, offset, length) for member, offset in copies]
+        try:
+            self._store.index_extend(f"broadcasts+{envelope['from']}", entries)
+        except MailError as exc:
+            warnings.warn(f"{exc}; broadcast {envelope['id']} lacks receipts", RuntimeWarning,
+                          stacklevel=3)  # fmt: skip
 
     def broadcast(
         self,
@@ -326,17 +338,20 @@ class Mailbox(Consuming):
         self.touch()
         delivered: list[str] = []
         failed: list[str] = []
+        copies: list[tuple[str, int]] = []
         reason = ""
         for member in self.refresh_team().names:
             if member == self.agent:
                 continue
             try:
-                envelope["ts"], _ = self._store.append(member, head, tail)
+                envelope["ts"], offset = self._store.append(member, head, tail)
             except MailError as exc:
                 failed.append(member)
                 reason = str(exc)
             else:
                 delivered.append(member)
+                copies.append((member, offset))
+        self._index_copies(envelope, copies, len(head) + len(TS_PLACEHOLDER) + len(tail))
         if failed:
             raise BroadcastError(
                 f"broadcast {envelope['id']} reached {', '.join(delivered) or 'no inbox'} "
@@ -356,7 +371,9 @@ class Mailbox(Consuming):
         head, tail = encode_parts(dict(envelope), self.max_message_bytes)
         for member in self.refresh_team().names:
             if member != sender and not self.delivered(member, str(envelope["id"]), since):
-                self._store.append(member, head, tail)
+                _, offset = self._store.append(member, head, tail)
+                length = len(head) + len(TS_PLACEHOLDER) + len(tail)
+                self._index_copies(envelope, [(member, offset)], length)
 
     # -- looking things up ------------------------------------------------------------------
 

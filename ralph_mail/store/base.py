@@ -244,11 +244,11 @@ class TeamStore(Primitives, Protocol):
 
     The records: cursors (`load_cursor`, `save_cursor`, `drop_cursor`), presence
     (`save_presence`, `load_presence`), set-aside lines (`dead_letter`, `dead_letters`),
-    indexes of lines (conversations, threads: `index_add`, `index_tail`), team logs (the
-    task log: `log_append`, `log_read`), commit times (`note_commit`, `consumed_at`), gc
-    over `compact` (`collect`) and `state_where`.
-    `Records` implements each over the primitives; a backend overrides one only to do it
-    faster (the file and NATS backends keep their own, in their own formats).
+    indexes of lines (conversations, threads: `index_add`, `index_extend`, `index_tail`),
+    team logs (the task log: `log_append`, `log_read`), commit times (`note_commit`,
+    `consumed_at`), gc over `compact` (`collect`) and `state_where`. `Records` implements
+    each over the primitives; a backend overrides one only to do it faster (the file and
+    NATS backends keep their own, in their own formats).
     """
 
     # Cursors (keyed state).
@@ -279,6 +279,10 @@ class TeamStore(Primitives, Protocol):
     def index_add(self, key: str, agent: str, offset: int, length: int) -> None:
         """Note that the line at ``offset`` (``length`` bytes) of ``agent``'s inbox belongs
         to index ``key`` (a conversation between two agents, a thread)."""
+
+    def index_extend(self, key: str, entries: list[tuple[str, int, int]]) -> None:
+        """`index_add` each of ``entries``, ``(agent, offset, length)``, in order: a
+        broadcast's copies, in one write where the backend can."""
 
     def index_tail(self, key: str, count: int) -> list[tuple[str, int, int]]:
         """The last ``count`` entries of index ``key``, oldest first, as

@@ -213,6 +213,11 @@ class Records:
         to index ``key`` (a conversation between two agents, a thread)."""
         _put(self, f"index:{key}", codec.dumps([agent, offset, length]))
 
+    def index_extend(self: Primitives, key: str, entries: list[tuple[str, int, int]]) -> None:
+        """Note several lines of index ``key``, in order (as `index_add` does each)."""
+        for agent, offset, length in entries:
+            _put(self, f"index:{key}", codec.dumps([agent, offset, length]))
+
     def index_tail(self: Primitives, key: str, count: int) -> list[tuple[str, int, int]]:
         """The last ``count`` entries of index ``key``, oldest first, as
         ``(agent, offset, length)``: O(count), as `read_tail` is."""

@@ -22,7 +22,14 @@ from typing import Any
 from ralph_mail.errors import StoreError
 from ralph_mail.store.base import check_key
 from ralph_mail.store.files.deadletters import DeadLetters
-from ralph_mail.store.files.posix import open_file, pread_all, read_file, replace_file, store_error
+from ralph_mail.store.files.posix import (
+    open_file,
+    pread_all,
+    read_file,
+    replace_file,
+    store_error,
+    write_all,
+)
 from ralph_mail.store.files.slots import SlotFile
 from ralph_mail.store.files.team import TeamFiles
 
@@ -223,6 +230,16 @@ class Records(TeamFiles):
         record = body + _CRC.pack(zlib.crc32(body))
         try:
             os.write(self._index_fd(key), record)
+        except OSError as exc:
+            raise store_error(exc, str(self.dirs.path("index", f"{key}.idx")), "write") from None
+
+    def index_extend(self, key: str, entries: list[tuple[str, int, int]]) -> None:
+        """Append several entries to ``index/KEY.idx`` in one O_APPEND write (a write cut
+        short leaves whole entries and one fragment, which readers step over)."""
+        bodies = [_ENTRY.pack(_MAGIC, agent.encode(), offset, length)
+                  for agent, offset, length in entries]  # fmt: skip
+        try:
+            write_all(self._index_fd(key), b"".join(b + _CRC.pack(zlib.crc32(b)) for b in bodies))
         except OSError as exc:
             raise store_error(exc, str(self.dirs.path("index", f"{key}.idx")), "write") from None
 

@@ -299,6 +299,11 @@ class Logs(Bucket):
         if first:  # entries that come while it writes go in its next message
             later("index", self._drain, subject)
 
+    def index_extend(self, key: str, entries: list[tuple[str, int, int]]) -> None:
+        """`index_add` each, in order (they go out in one message, or a few)."""
+        for agent, offset, length in entries:
+            self.index_add(key, agent, offset, length)
+
     def _drain(self, subject: str) -> None:
         """Write the queued index entries of ``subject``, all there are in one message.
         An index is not a log: its messages carry no offsets, so writers need not take
