@@ -44,6 +44,7 @@ if TYPE_CHECKING:
         ShutdownReport,
         TeamOrchestrator,
     )
+    from ralph_mail.talk.receipts import Receipt
     from ralph_mail.talk.tasks import Task
     from ralph_mail.team import Member, Team, create_team, delete_team, list_teams, load_team
 
@@ -83,6 +84,7 @@ _LAZY = {
     "MessageType": "ralph_mail.message",
     "Plan": "ralph_mail.orchestrator",
     "PlanDecision": "ralph_mail.agent",
+    "Receipt": "ralph_mail.talk.receipts",
     "ShutdownReport": "ralph_mail.orchestrator",
     "Task": "ralph_mail.talk.tasks",
     "Team": "ralph_mail.team",
@@ -119,6 +121,7 @@ __all__ = [
     "PlanDecision",
     "ProtocolError",
     "RateLimited",
+    "Receipt",
     "ShutdownReport",
     "StoreError",
     "Task",

@@ -24,8 +24,9 @@ if TYPE_CHECKING:
     from ralph_mail.govern.policy import Policy
     from ralph_mail.govern.presence import AgentInfo
     from ralph_mail.store.base import StopEvent
-    from ralph_mail.talk import ask, history, tasks
+    from ralph_mail.talk import ask, history, receipts, tasks
     from ralph_mail.talk.channels import Channels
+    from ralph_mail.talk.receipts import Receipt
     from ralph_mail.talk.tasks import Task
     from ralph_mail.team import Team
 else:  # the rooms load on first use: a send from a shell loop pays for none of them
@@ -41,9 +42,9 @@ else:  # the rooms load on first use: a send from a shell loop pays for none of 
 
             return getattr(import_module(self._name), attribute)
 
-    approvals, policy, presence = map(_Room, ("govern.approvals", "govern.policy",
-                                               "govern.presence"))  # fmt: skip
-    ask, history, tasks = map(_Room, ("talk.ask", "talk.history", "talk.tasks"))
+    rooms = ("govern.approvals", "govern.policy", "govern.presence", "talk.ask", "talk.history",
+             "talk.receipts", "talk.tasks")  # fmt: skip
+    approvals, policy, presence, ask, history, receipts, tasks = map(_Room, rooms)
 
 
 class MessageBus(Mailbox):
@@ -113,6 +114,25 @@ class MessageBus(Mailbox):
         return self._send(to, type, content, metadata, reply_to, id, thread, priority, ack,
                           visibility)  # fmt: skip
 
+    # -- receipts -------------------------------------------------------------------------
+
+    def receipts(self, message: Message | str) -> list[Receipt]:
+        """What became of ``message`` (or of my message with that id) at each recipient, a
+        broadcast's one by one: held, denied, stored, consumed, acked or answered.
+
+        Example:
+            >>> [(r.to, r.state) for r in bus.receipts(message)]  # doctest: +SKIP
+        """
+        return receipts.receipts(self, message)
+
+    def receipt(self, message: Message | str, to: str | None = None) -> Receipt:
+        """The receipt of ``message`` at ``to``, by default its only recipient."""
+        return receipts.receipt(self, message, to)
+
+    def wait_consumed(self, message: Message | str, timeout: float) -> bool:
+        """Block until every recipient consumed ``message``; False after ``timeout`` s."""
+        return receipts.wait_consumed(self, message, timeout)
+
     # -- governance -----------------------------------------------------------------------
 
     def policy(self) -> Policy:
@@ -130,14 +150,8 @@ class MessageBus(Mailbox):
         self.gate.require_lead("changing the team's policy")
         return policy.change(self.store, change)
 
-    def set_member(
-        self,
-        agent: str,
-        *,
-        description: str | None = None,
-        manager: str | None = None,
-        mode: str | None = None,
-    ) -> Team:
+    def set_member(self, agent: str, *, description: str | None = None,
+                   manager: str | None = None, mode: str | None = None) -> Team:  # fmt: skip
         """Change a member's description, manager (``""`` clears it) or mode; a manager,
         a mode or another's description is the lead's to change (`PermissionDenied`)."""
         return policy.set_member(self, agent, description, manager, mode)
@@ -207,17 +221,9 @@ class MessageBus(Mailbox):
         """
         return history.thread(self, thread_id)
 
-    def search(
-        self,
-        query: str = "",
-        *,
-        from_agent: str | None = None,
-        to: str | None = None,
-        type: MessageType | str | None = None,
-        thread: str | None = None,
-        since: str | datetime | None = None,
-        limit: int = 20,
-    ) -> list[Message]:
+    def search(self, query: str = "", *, from_agent: str | None = None, to: str | None = None,
+               type: MessageType | str | None = None, thread: str | None = None,
+               since: str | datetime | None = None, limit: int = 20) -> list[Message]:  # fmt: skip
         """Every message ever sent in the team (the audit trail: inboxes, and what gc
         archived) that has all the words of ``query`` and passes the filters, newest
         first. ``since``: an ISO-8601 time, a datetime, or how long ago (``90s``,
@@ -335,16 +341,9 @@ class MessageBus(Mailbox):
 
     # -- conversations --------------------------------------------------------------------
 
-    def reply(
-        self,
-        message: Message,
-        content: str,
-        metadata: Mapping[str, str] | None = None,
-        *,
-        priority: str | None = None,
-        ack: bool = False,
-        visibility: str | None = None,
-    ) -> Message:
+    def reply(self, message: Message, content: str, metadata: Mapping[str, str] | None = None,
+              *, priority: str | None = None, ack: bool = False,
+              visibility: str | None = None) -> Message:  # fmt: skip
         """Answer ``message`` (any message, not only a request) with a ``reply`` to its
         sender, in its thread.
 
