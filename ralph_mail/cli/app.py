@@ -59,7 +59,7 @@ def command(action: Callable[[], int | None]) -> None:
 #: The modules that register each top-level command or group (``team`` spans two);
 #: tests/cli/test_cli.py checks the table against a full registration.
 MODULES: dict[str, tuple[str, ...]] = {
-    **dict.fromkeys(("send", "broadcast", "read", "wait", "tail"), ("mail",)),
+    **dict.fromkeys(("send", "broadcast", "receipt", "read", "wait", "tail"), ("mail",)),
     "team": ("mail", "conversation"),
     **dict.fromkeys(("ask", "reply", "history", "thread", "ack", "acks"), ("conversation",)),
     **dict.fromkeys(("delegate", "task", "tasks"), ("tasks",)),

@@ -1,4 +1,4 @@
-"""Commands for teams and messages: team, send, broadcast, read, wait, tail."""
+"""Commands for teams and messages: team, send, broadcast, receipt, read, wait, tail."""
 
 from __future__ import annotations
 
@@ -37,6 +37,15 @@ ApprovalWait = Annotated[
         "--wait",
         help="Held for approval: wait up to S seconds for the decision (0 approved, 3 "
         "denied, 1 none).",
+        metavar="S",
+    ),
+]
+WaitConsumed = Annotated[
+    float | None,
+    Option(
+        "--wait-consumed",
+        help="Then wait up to S seconds until every recipient consumed it (0 consumed, 1 "
+        "not in time, 3 denied).",
         metavar="S",
     ),
 ]
@@ -216,6 +225,7 @@ def send(
         str | None, Option("--thread", help="The thread it belongs to (its first id).")
     ] = None,
     wait: ApprovalWait = None,
+    wait_consumed: WaitConsumed = None,
     home: Home = None,
     team: TeamName = None,
     agent: Agent = None,
@@ -225,17 +235,20 @@ def send(
 
     A message the team's policy holds for approval is not delivered yet: a note on
     stderr names the approver, and the exit code is 0 (with --wait S: 0 approved and
-    delivered, 3 denied, 1 no decision in time).
+    delivered, 3 denied, 1 no decision in time). A recipient that is offline gets it
+    later: a note on stderr says so, and the exit code is 0. --wait-consumed S waits
+    until the recipient consumed it (see 'ralph-mail receipt').
 
     \b
     Example:
       ralph-mail send lead 'parsing done' --team demo --agent worker-1
       git log -1 | ralph-mail send lead --type text --meta topic=commit
       ralph-mail send writer 'confirm the deadline' --priority high --ack
+      ralph-mail send writer 'stop the build' --wait-consumed 60
     """
     request = SendRequest(
         to, content, type, list(meta or []), reply_to, id, json, identity(home, team, agent),
-        priority, ack, visibility, thread, wait,
+        priority, ack, visibility, thread, wait, wait_consumed,
     )  # fmt: skip
     command(request.run)
 
@@ -249,23 +262,26 @@ def broadcast(
     priority: Priority = None,
     visibility: Visibility = None,
     wait: ApprovalWait = None,
+    wait_consumed: WaitConsumed = None,
     home: Home = None,
     team: TeamName = None,
     agent: Agent = None,
     json: Json = False,
 ) -> None:
-    """Send one message to every member but me; prints its id (held for approval: as
-    send does).
+    """Send one message to every member but me; prints its id (held for approval, or a
+    member offline: as send does).
 
     \b
     Example:
       ralph-mail broadcast 'tests are green' --team demo --agent lead
+      ralph-mail broadcast 'freeze the branch' --wait-consumed 120 --agent lead
     """
 
     def action() -> int:
         from ralph_mail.cli.send import after_send, check_wait
 
         check_wait(wait)
+        check_wait(wait_consumed, "--wait-consumed")
         metadata = parse_meta(meta or [])
         body = read_body(content, settings.max_message_bytes())
         bus = identity(home, team, agent).bus()
@@ -273,9 +289,47 @@ def broadcast(
             since = bus.store.size(bus.agent)
             message = bus.broadcast(body, metadata, priority=priority, visibility=visibility)
             say(encode(message).decode() if json else message.id + "\n")
-            return after_send(bus, message, since, wait)
+            return after_send(bus, message, since, wait, wait_consumed)
         finally:
             bus.close()
+
+    command(action)
+
+
+@app.command("receipt")
+def receipt(
+    message_id: Annotated[str, Argument(help="The id send or broadcast printed.", metavar="ID")],
+    home: Home = None,
+    team: TeamName = None,
+    agent: Agent = None,
+    json: JsonRecords = False,
+) -> None:
+    """Show what became of a message of mine at each recipient: held (for approval),
+    denied, stored, consumed, acked or answered, with when.
+
+    One line per recipient (a broadcast has one each): the recipient, the state, when
+    it was stored, consumed and acknowledged, and the id of its answer ('-': not yet).
+    Exit 2 when no message of mine has that id.
+
+    \b
+    Example:
+      ralph-mail receipt 3f2a9c1d4b5e --team demo --agent worker-1
+      ralph-mail receipt 3f2a9c1d4b5e --json | jq -r '.to + " " + .state'
+    """
+
+    def action() -> None:
+        bus = identity(home, team, agent).bus()
+        try:
+            found = bus.receipts(message_id)
+        finally:
+            bus.close()
+        if json:
+            print_json_lines([r.to_dict() for r in found])
+            return
+        rows = [(r.to, r.state, r.stored_at or "-", r.consumed_at or "-", r.acked_at or "-",
+                 r.answered_by or "-") for r in found]  # fmt: skip
+        columns = ["to", "state", "stored", "consumed", "acked", "answered by"]
+        print_table(f"message {message_id}", columns, rows)
 
     command(action)
 

@@ -158,12 +158,14 @@ class SendRequest:
     visibility: str | None = None
     thread: str | None = None
     wait: float | None = None
+    wait_consumed: float | None = None
 
     def run(self) -> int:
         """Send; print the id (or the envelope with ``--json``)."""
         from ralph_mail import settings
 
         check_wait(self.wait)
+        check_wait(self.wait_consumed, "--wait-consumed")
         metadata = parse_meta(self.meta)
         body = read_body(self.content, settings.max_message_bytes())
         bus = self.identity.bus()
@@ -182,20 +184,67 @@ class SendRequest:
                 say(encode(message).decode())
             else:
                 say(message.id + "\n")
-            return after_send(bus, message, since, self.wait)
+            return after_send(bus, message, since, self.wait, self.wait_consumed)
         finally:
             bus.close()
 
 
-def check_wait(wait: float | None) -> None:
-    """``--wait S``: a number of seconds >= 0."""
+def check_wait(wait: float | None, option: str = "--wait") -> None:
+    """``--wait S`` (or ``option``): a number of seconds >= 0."""
     if wait is not None and not wait >= 0:
-        raise MailError(f"invalid --wait {wait}: give a number of seconds >= 0")
+        raise MailError(f"invalid {option} {wait}: give a number of seconds >= 0")
 
 
-def after_send(bus: MessageBus, message: Message, since: int, wait: float | None) -> int:
-    """For a message the policy held: see `held_exit`. 0 for one delivered."""
-    return 0 if message.ts else held_exit(bus, message.id, since, wait, f"message {message.id}")
+def after_send(
+    bus: MessageBus, message: Message, since: int, wait: float | None, consumed: float | None
+) -> int:
+    """After a send: for a message the policy held, see `held_exit`; for one delivered, a
+    note naming the recipients that are offline. With ``consumed`` (``--wait-consumed``),
+    then `consumed_exit`."""
+    if message.ts:
+        note_offline(bus, message)
+        code = 0
+    else:
+        code = held_exit(bus, message.id, since, wait, f"message {message.id}")
+    return code if code or consumed is None else consumed_exit(bus, message, consumed)
+
+
+def note_offline(bus: MessageBus, message: Message) -> None:
+    """One note on stderr naming the recipients of ``message`` that are offline: it is
+    stored, and they read it when they come back."""
+    from ralph_mail.cli import error_line
+    from ralph_mail.govern.presence import offline
+    from ralph_mail.message import BROADCAST_ADDRESS
+
+    names = [message.to_agent]
+    if message.to_agent == BROADCAST_ADDRESS:
+        names = [name for name in bus.team.names if name != bus.agent]
+    away = offline(bus.team, names)
+    if len(away) == 1:
+        name, seen = away[0]
+        when = f"last seen {seen}" if seen else "never seen"
+        error_line(f"{name} is offline ({when}): the message waits in its inbox", "note")
+    elif away:
+        listed = ", ".join(name for name, _ in away)
+        error_line(f"{listed} are offline: the message waits in their inboxes", "note")
+
+
+def consumed_exit(bus: MessageBus, message: Message, seconds: float) -> int:
+    """``--wait-consumed S``: 0 once every recipient consumed ``message``, 1 when one did
+    not within S seconds, 3 when its approver denied it; a line on stderr says which."""
+    from ralph_mail.cli import EXIT_NO, EXIT_NOTHING, error_line
+
+    if bus.wait_consumed(message, seconds):
+        return 0
+    left = [r for r in bus.receipts(message) if r.state in ("held", "denied", "stored")]
+    if any(r.state == "denied" for r in left):
+        error_line(f"message {message.id} was denied: it is never delivered")
+        return EXIT_NO
+    if not left:  # consumed since the wait ran out
+        return 0
+    names = ", ".join(r.to for r in left)
+    error_line(f"message {message.id} was not consumed by {names} within {seconds:g} s")
+    return EXIT_NOTHING
 
 
 def held_exit(bus: MessageBus, message_id: str, since: int, wait: float | None, what: str) -> int:

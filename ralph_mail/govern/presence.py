@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Final
 
 from ralph_mail import codec, settings
@@ -26,7 +25,9 @@ from ralph_mail.message import format_ts
 from ralph_mail.store.base import TeamStore
 from ralph_mail.team import Team
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # datetime is imported where a time is parsed: a send's note needs none
+    from datetime import datetime
+
     from ralph_mail.mailbox import Mailbox
 
 #: What an agent may say it is doing; ``offline`` is inferred, or recorded by `went_offline`.
@@ -71,9 +72,9 @@ class AgentInfo:
         }
 
 
-#: The latest ``until`` there is: a wire timestamp has a four-digit year, and compares
-#: as text.
-LATEST_UNTIL: Final = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+#: The latest ``until`` there is, in seconds since the epoch (9999-12-31T23:59:59Z): a
+#: wire timestamp has a four-digit year, and compares as text.
+LATEST_UNTIL: Final = 253_402_300_799
 
 
 def parse_until(value: str | datetime | None) -> str:
@@ -86,6 +87,8 @@ def parse_until(value: str | datetime | None) -> str:
     """
     if value is None or value == "":
         return ""
+    from datetime import UTC, datetime, timedelta
+
     given = value
     if isinstance(value, str) and value.startswith("+"):
         units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -115,7 +118,7 @@ def parse_until(value: str | datetime | None) -> str:
         stamp = value.timestamp()
     except (OverflowError, ValueError, OSError):  # before year 1 in UTC
         stamp = -1.0
-    if not 0 <= stamp <= LATEST_UNTIL.timestamp():
+    if not 0 <= stamp <= LATEST_UNTIL:
         raise _out_of_range(given)
     return format_ts(int(stamp * 1_000_000))
 
@@ -174,6 +177,18 @@ def presence_of(team: Team, agent: str, now: float | None = None) -> tuple[str, 
         return "offline", found["last_seen"], ""
     state = found["state"] if found["state"] in STATES and found["state"] != "sleeping" else "idle"
     return state, found["last_seen"], ""
+
+
+def offline(team: Team, names: list[str]) -> list[tuple[str, str]]:
+    """Those of ``names`` that are offline now, each with when it was last seen ("":
+    never), in the order given.
+
+    >>> offline(team, ["lead", "writer"])  # doctest: +SKIP
+    [('writer', '2026-11-24T09:12:03.000000Z')]
+    """
+    now = time.time()
+    found = ((name, presence_of(team, name, now)) for name in names)
+    return [(name, seen) for name, (state, seen, _) in found if state == "offline"]
 
 
 def agents(team: Team, me: str, include_self: bool = False) -> list[AgentInfo]:

@@ -20,7 +20,9 @@ def lines(out: bytes) -> list[bytes]:
 def test_send_prints_the_id_and_read_consumes(team: Team) -> None:
     """send prints the new id; read prints and consumes; a second read prints nothing."""
     sent = ralph(team.home, "send", "lead", "hello", *ME)
-    assert sent.returncode == 0 and sent.stderr == b""
+    assert sent.returncode == 0 and sent.stderr == (
+        b"ralph-mail: note: lead is offline (never seen): the message waits in its inbox\n"
+    )
     message_id = sent.stdout.strip().decode()
     first = ralph(team.home, "read", "--team", "demo", "--agent", "lead")
     assert first.returncode == 0 and f"#{message_id}".encode() in first.stdout
