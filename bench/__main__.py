@@ -25,8 +25,8 @@ from bench.common import REPO_ROOT, SIZES, Section, Sizes, Workspace, log
 
 #: Measurement modules in the order they run; each has ``run(sizes, ws) -> Section``.
 SECTIONS = (
-    "send", "writers", "read", "wakeup", "ask", "conversation", "search", "channels",
-    "mcp_server", "dashboard", "nats_backend", "cli", "fanout", "scale", "members",
+    "send", "writers", "read", "wakeup", "ask", "conversation", "receipts", "search",
+    "channels", "mcp_server", "dashboard", "nats_backend", "cli", "fanout", "scale", "members",
     "serve",
 )  # fmt: skip
 DEFAULT_OUT = REPO_ROOT / "bench" / "out"

@@ -370,6 +370,19 @@ def targets(secs: Sections) -> list[Target]:
         lambda r: r <= 1.5,
         "{r:.2f}x",
     )
+    receipts = secs.get("receipts")
+    sizes = sorted(int(r.key.split("_")[1]) for r in (receipts.rows if receipts else [])
+                   if r.key.startswith("receipt_"))  # fmt: skip
+    add_ratio(
+        "receipt_flat",
+        "bus.receipt(id) behind the biggest inbox vs behind the smallest",
+        row(receipts, f"receipt_{sizes[-1]}") if sizes else None,
+        row(receipts, f"receipt_{sizes[0]}") if sizes else None,
+        "≤ 1.5x",
+        time_ratio,
+        lambda r: r <= 1.5,
+        "{r:.2f}x",
+    )
 
     def add_limit(key: str, fig: Row | None, target: str, ok: Callable[[float], bool],
                   anchor: str = "—", note: str = "") -> None:  # fmt: skip

@@ -19,8 +19,8 @@ import pytest
 from tests.helpers import REPO
 
 SECTIONS = {
-    "send", "writers", "read", "wakeup", "ask", "conversation", "search", "channels",
-    "mcp_server", "dashboard", "nats_backend", "cli", "fanout", "scale", "members",
+    "send", "writers", "read", "wakeup", "ask", "conversation", "receipts", "search",
+    "channels", "mcp_server", "dashboard", "nats_backend", "cli", "fanout", "scale", "members",
     "serve",
 }  # fmt: skip
 TARGETS = {
@@ -54,6 +54,7 @@ TARGETS = {
     "ask_p99",
     "ask_vs_agent_mail",
     "history_buried",
+    "receipt_flat",
     "tasks_tree",
     "search_p50",
     "search_rate",
