@@ -4,6 +4,9 @@ operation through `MessageBus` directly, and MCP Agent Mail's tools beside it.
 * ``send_to_agent`` through ``ralph-mail mcp`` (the official client, stdio) against
   ``bus.send`` of the same message; ``check_inbox`` with one message waiting against
   ``bus.poll``.
+* New mail pushed into the session: from a send's return to the client holding the
+  ``notifications/resources/updated`` of the subscribed ``ralph://inbox``, and (with
+  ``--push``) the ``notifications/claude/channel`` event carrying the message.
 * MCP Agent Mail's ``send_message`` and ``fetch_inbox`` (its own virtual environment,
   in-memory transport: no process boundary, which flatters it), when ``--peer-venv``
   gives one.
@@ -93,6 +96,83 @@ def _ours(rm: ModuleType, ws: Workspace, sizes: Sizes, sec: Section) -> None:
         b.close()
 
 
+def _push(rm: ModuleType, ws: Workspace, sizes: Sizes, sec: Section) -> None:
+    """A handshake-era client (as Claude Code) subscribed to the inbox of ``ralph-mail
+    mcp --push``: the time from a send's return to each notification's arrival."""
+    updated = sec.add(Row("mcp_push", "new mail to notifications/resources/updated (p50)",
+                          "ms", "lower"))  # fmt: skip
+    channel = sec.add(Row("mcp_push_channel", "new mail to its claude/channel event (p50)",
+                          "ms", "lower"))  # fmt: skip
+    missing = optional_module("mcp")
+    if isinstance(missing, str):
+        updated.status = channel.status = missing
+        return
+    import warnings
+
+    import anyio
+    from mcp import Client
+    from mcp.client.extension import ClientExtension, NotificationBinding
+    from mcp.client.stdio import StdioServerParameters
+    from mcp.types import ResourceUpdatedNotification
+    from pydantic import BaseModel
+
+    home = ws.fresh("mcp-push")
+    rm.create_team("mp", ["lead", "a"], home=home)
+    env = child_env({"RALPH_HOME": str(home), "RALPH_TEAM": "mp", "RALPH_AGENT": "a"})
+    server = StdioServerParameters(command=sys.executable,
+                                   args=["-m", "ralph_mail", "mcp", "--push"], env=env,
+                                   cwd=str(REPO_ROOT))  # fmt: skip
+    arrived: dict[str, float] = {}
+    both = [anyio.Event()]  # set once both notifications of a message came
+
+    def note(kind: str) -> None:
+        arrived[kind] = time.perf_counter()
+        if len(arrived) == 2:
+            both[0].set()
+
+    class Params(BaseModel):
+        content: str
+        meta: dict[str, str]
+
+    class Clock(ClientExtension):
+        identifier = "com.example/bench-clock"
+
+        def notifications(self) -> list[NotificationBinding[Params]]:
+            async def got(params: Params) -> None:
+                note("channel")
+
+            return [NotificationBinding(method="notifications/claude/channel",
+                                        params_type=Params, handler=got)]  # fmt: skip
+
+    async def seen(message: object) -> None:
+        if isinstance(message, ResourceUpdatedNotification):
+            note("updated")
+
+    lead = rm.MessageBus("mp", "lead", home=home)
+
+    async def main() -> None:
+        async with Client(server, mode="legacy", message_handler=seen,
+                          extensions=[Clock()]) as client:  # fmt: skip
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # deprecated at 2026-07-28, current in clients
+                await client.subscribe_resource("ralph://inbox")
+            for n in range(5 + sizes.run_samples):
+                arrived.clear()
+                both[0] = anyio.Event()
+                lead.send("a", "text", f"news {n}")
+                sent = time.perf_counter()
+                with anyio.fail_after(30):
+                    await both[0].wait()
+                if n >= 5:  # after the warm-up
+                    updated.values.append((arrived["updated"] - sent) * 1e3)
+                    channel.values.append((arrived["channel"] - sent) * 1e3)
+
+    try:
+        anyio.run(main)
+    finally:
+        lead.close()
+
+
 def _peer(ws: Workspace, sizes: Sizes, sec: Section) -> None:
     exe = peer_venv.python(ws.peer_venv)
     status = exe if isinstance(exe, str) else "ok"
@@ -122,5 +202,6 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
         sec.add(Row("mcp_send", "send_to_agent over stdio", "ms", "lower", status=rm))
         return sec
     _ours(rm, ws, sizes, sec)
+    _push(rm, ws, sizes, sec)
     _peer(ws, sizes, sec)
     return sec

@@ -451,6 +451,7 @@ def targets(secs: Sections) -> list[Target]:
     add_limit("tui_send_to_screen", row(board, "tui_send_to_screen"), "≤ 50 ms p50",
               lambda v: v <= 50.0)  # fmt: skip
     faces = secs.get("mcp_server")
+    add_limit("mcp_push", row(faces, "mcp_push"), "≤ 50 ms p50", lambda v: v <= 50.0)
     for key, fig_key, anchor_key, peer_key in (
         ("mcp_send", "mcp_send", "bus_send", "agent_mail_send"),
         ("mcp_check", "mcp_check", "bus_poll", "agent_mail_fetch"),

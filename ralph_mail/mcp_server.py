@@ -19,7 +19,9 @@ snake_case. What the read tools show names each message by its id, which ``reply
 takes; arguments of the wrong type, or missing, are refused in one line naming the
 parameter (`MCPServer` turns pydantic's report into it).
 
-It serves on stdio through its own transport (`ralph_mail.mcp_stdio`).
+It serves on stdio through its own transport (`ralph_mail.mcp_stdio`). The inbox is also
+a resource a client can subscribe to, and with ``--push`` new messages come to the client
+on their own as channel events (`ralph_mail.mcp_push`).
 
 Example:
     >>> serve("demo", "analyst")    # doctest: +SKIP
@@ -27,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections import OrderedDict
@@ -42,7 +45,8 @@ from pydantic import Field, ValidationError
 
 from ralph_mail import protocols, settings
 from ralph_mail.bus import MessageBus
-from ralph_mail.errors import MailError, NoReply
+from ralph_mail.errors import InvalidMessage, MailError, NoReply
+from ralph_mail.mcp_push import PUSH_INSTRUCTIONS, InboxWatch
 from ralph_mail.message import Message, MessageType
 
 _T = TypeVar("_T")
@@ -81,6 +85,8 @@ class Mailbox:
         self._seen: OrderedDict[str, Message] = OrderedDict()  # delivered, by id
         self._shown: OrderedDict[str, Message] = OrderedDict()  # read in a channel or history
         self._asking = threading.local()
+        self._pushing: set[str] = set()  # ids being pushed as channel events (mcp_push)
+        self._awaited: set[str] = set()  # types a tool waits for: never pushed meanwhile
 
     def start(self) -> None:
         """Claim the inbox (a second consumer is refused) and say so: online, idle."""
@@ -151,19 +157,55 @@ class Mailbox:
     # -- the inbox ------------------------------------------------------------------------
 
     def check(self, wait: float, stop: threading.Event) -> str:
-        """New messages, consumed once they are in the answer."""
+        """New messages, consumed once they are in the answer (but those being pushed)."""
         with self._lock:
-            found = self.bus.peek()
+            found = self._unpushed()
         if not found and wait > 0:
             found = self.bus.wait_for_messages(wait, stop=stop, consume=False)
         with self._lock:
-            shown = [m for m in self.bus.peek() if any(m.id == f.id for f in found)]
+            shown = [m for m in self._unpushed() if any(m.id == f.id for f in found)]
             if not shown:
                 return "No new messages."
             text = "\n\n".join(describe(m) for m in shown)
-            self.bus.commit(shown[-1])
+            if self._pushing:  # one being pushed may come first: it is not consumed here
+                for message in shown:
+                    self.bus.consume(message)
+            else:
+                self.bus.commit(shown[-1])
             _remember(self._seen, shown)
         return text
+
+    def _unpushed(self) -> list[Message]:
+        return [m for m in self.bus.peek() if m.id not in self._pushing]
+
+    # -- the inbox for mcp_push: the resource and the events ------------------------------
+
+    def inbox_text(self) -> str:
+        """The unconsumed messages as check_inbox would show them, nothing consumed."""
+        with self._lock:
+            found = self._unpushed()
+        return "\n\n".join(describe(m) for m in found) or "No new messages."
+
+    def look(self, push: bool) -> tuple[set[str], list[tuple[Message, str]]]:
+        """The ids of the unconsumed messages, and (with ``push``) those to push now with
+        their text, marked as being pushed: check_inbox leaves them alone until `pushed`."""
+        with self._lock:
+            pending = self.bus.peek()
+            taken = [m for m in pending if m.id not in self._pushing
+                     and m.type not in self._awaited] if push else []  # fmt: skip
+            self._pushing.update(m.id for m in taken)
+        return {m.id for m in pending}, [(m, describe(m)) for m in taken]
+
+    def pushed(self, message: Message, ok: bool) -> None:
+        """``message`` was written to the client (``ok``: consume it, as check_inbox
+        would) or could not be (it stays unread)."""
+        with self._lock:
+            self._pushing.discard(message.id)
+            if not ok:
+                return
+            with contextlib.suppress(InvalidMessage):  # a wait of this process took it
+                self.bus.consume(message)
+            _remember(self._seen, [message])
 
     def _named(self, message_id: str) -> Message:
         """A message a read tool showed, by its id (what ``reply`` answers)."""
@@ -232,10 +274,15 @@ class Mailbox:
 
     def submit_plan(self, plan: str, wait: float, stop: threading.Event) -> str:
         lead = self.bus.team.lead
-        sent = self._locked(lambda: self.bus.send(lead, MessageType.PLAN_SUBMISSION, plan))
         if wait <= 0:
+            self._locked(lambda: self.bus.send(lead, MessageType.PLAN_SUBMISSION, plan))
             return f"Plan sent to {lead}; its answer comes to check_inbox."
-        answer = self.bus.wait_for_message(MessageType.PLAN_APPROVAL, wait, stop=stop)
+        self._awaited.add(MessageType.PLAN_APPROVAL)  # not pushed while it is waited for here
+        try:
+            sent = self._locked(lambda: self.bus.send(lead, MessageType.PLAN_SUBMISSION, plan))
+            answer = self.bus.wait_for_message(MessageType.PLAN_APPROVAL, wait, stop=stop)
+        finally:
+            self._awaited.discard(MessageType.PLAN_APPROVAL)
         if answer is None:
             return f"Plan sent to {lead}; no answer in {wait:g} s: it comes to check_inbox."
         if answer.reply_to != sent.id:  # an answer to an earlier plan: give it back
@@ -247,7 +294,7 @@ class Mailbox:
     def respond_shutdown(self, accept: bool, reason: str | None) -> str:
         with self._lock:
             requests = [m for m in self._seen.values() if m.type == MessageType.SHUTDOWN_REQUEST]
-            requests += [m for m in self.bus.peek() if m.type == MessageType.SHUTDOWN_REQUEST]
+            requests += [m for m in self._unpushed() if m.type == MessageType.SHUTDOWN_REQUEST]
             if not requests:
                 raise MailError(
                     "no shutdown request to answer: check_inbox shows one when it comes"
@@ -307,7 +354,10 @@ def describe(message: Message) -> str:
 
 class MCPServer(_SDKServer[Any]):
     """The SDK's server, but arguments that do not fit a tool's schema are refused in one
-    line naming the parameter and the fix, not pydantic's report of several lines."""
+    line naming the parameter and the fix, not pydantic's report of several lines; and
+    the inbox's `InboxWatch`, which `serve_stdio` runs beside it."""
+
+    watch: InboxWatch | None = None
 
     async def call_tool(self, name: str, arguments: dict[str, Any],
                         context: Context[Any, Any] | None = None,
@@ -342,12 +392,18 @@ def bad_arguments(error: ValidationError, schema: dict[str, Any]) -> str:
     return "; ".join(said.values()).replace("\n", " ")
 
 
-def build(team: str, agent: str, home: str | os.PathLike[str] | None = None,
-          ) -> tuple[MCPServer, Mailbox]:  # fmt: skip
+def build(team: str, agent: str, home: str | os.PathLike[str] | None = None, *,
+          push: bool = False) -> tuple[MCPServer, Mailbox]:  # fmt: skip
     """The MCP server of ``agent`` and the mailbox behind it (call ``mailbox.start()``
-    before serving, ``mailbox.close()`` after)."""
+    before serving, ``mailbox.close()`` after); ``push``: new messages go to the client
+    as channel events (`ralph_mail.mcp_push`)."""
     box = Mailbox(team, agent, home)
-    server: MCPServer = MCPServer("ralph-mail", instructions=INSTRUCTIONS)
+    watch = InboxWatch(box, push)
+    server: MCPServer = MCPServer("ralph-mail", subscriptions=watch.listeners,
+                                  instructions=INSTRUCTIONS + (PUSH_INSTRUCTIONS if push
+                                                               else ""))  # fmt: skip
+    server.watch = watch
+    watch.register(server)
 
     def tool(fn: _F) -> _F:
         """Register ``fn`` as a tool, its docstring on one line as its description."""
@@ -494,11 +550,11 @@ def build(team: str, agent: str, home: str | os.PathLike[str] | None = None,
     return server, box
 
 
-def start(team: str, agent: str, home: str | os.PathLike[str] | None = None,
-          ) -> tuple[MCPServer, Mailbox]:  # fmt: skip
+def start(team: str, agent: str, home: str | os.PathLike[str] | None = None, *,
+          push: bool = False) -> tuple[MCPServer, Mailbox]:  # fmt: skip
     """`build` and claim the inbox; a `MailError` says why the server cannot start (and
     nothing is left held)."""
-    server, box = build(team, agent, home)
+    server, box = build(team, agent, home, push=push)
     try:
         box.start()
     except BaseException:
@@ -517,6 +573,7 @@ def run(server: MCPServer, box: Mailbox) -> None:
         box.close()
 
 
-def serve(team: str, agent: str, home: str | os.PathLike[str] | None = None) -> None:
+def serve(team: str, agent: str, home: str | os.PathLike[str] | None = None, *,
+          push: bool = False) -> None:  # fmt: skip
     """Serve ``agent``'s mailbox on stdio until the client goes away."""
-    run(*start(team, agent, home))
+    run(*start(team, agent, home, push=push))

@@ -4,8 +4,9 @@ process's standard input and output (DESIGN §12.1).
 It is the server's own, not the SDK's: it reads standard input in chunks, so a line over
 `settings.MCP_MAX_REQUEST_BYTES` is answered with a JSON-RPC error and skipped without
 being held whole, and a line that is not JSON gets a parse error (-32700); either way
-the server goes on. Everything for the client goes through one stream and is written
-one whole line at a time.
+the server goes on. Everything for the client, the SDK's responses and the inbox's
+notifications alike, goes through one stream and is written one whole line at a time,
+so a notification is only ever written between two messages.
 
 Example:
     >>> anyio.run(serve_stdio, server)    # doctest: +SKIP
@@ -33,10 +34,13 @@ from mcp.types import (
 from pydantic import ValidationError
 
 from ralph_mail import settings
+from ralph_mail.mcp_push import CHANNEL_CAPABILITY, InboxWatch, Written
 
 if TYPE_CHECKING:
     from ralph_mail.mcp_server import MCPServer
 
+#: What a client sends once the handshake is done: from then on events may go to it.
+_INITIALIZED: Final = "notifications/initialized"
 #: The id at the head of a JSON-RPC line (``{"jsonrpc": "2.0", "id": 7, ...``, as clients
 #: write it), so the error for a line that is not read whole reaches the call waiting.
 _HEAD_ID: Final = re.compile(rb'\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*'
@@ -46,7 +50,8 @@ _HEAD_ID: Final = re.compile(rb'\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s
 async def serve_stdio(server: MCPServer) -> None:
     """Serve ``server`` over this process's standard input and output. While it serves,
     fd 0 reads the null device and fd 1 writes to stderr, so nothing a tool or a child
-    prints reaches the protocol; both are given back after."""
+    prints reaches the protocol; both are given back after. The inbox's watch runs
+    beside the server, writing its notifications to the same stream."""
     wire_in, wire_out = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDONLY)
     try:
@@ -58,8 +63,14 @@ async def serve_stdio(server: MCPServer) -> None:
         async with anyio.create_task_group() as writing:
             writing.start_soon(_write_out, wire_out, from_server)
             async with anyio.create_task_group() as reading:
-                reading.start_soon(_read_in, wire_in, to_server, to_client.clone())
-                options = lowlevel.create_initialization_options()
+                watch = server.watch
+                reading.start_soon(_read_in, wire_in, to_server, to_client.clone(), watch)
+                channel = watch is not None and watch.push
+                if watch is not None:
+                    reading.start_soon(watch.serve, to_client.clone())
+                options = lowlevel.create_initialization_options(
+                    experimental_capabilities={CHANNEL_CAPABILITY: {}} if channel else None
+                )
                 await lowlevel.run(from_client, to_client, options)
                 reading.cancel_scope.cancel()  # it may sit in a read of a pipe left open
     finally:
@@ -70,9 +81,11 @@ async def serve_stdio(server: MCPServer) -> None:
 
 
 async def _read_in(fd: int, to_server: MemoryObjectSendStream[SessionMessage | Exception],
-                   to_client: MemoryObjectSendStream[SessionMessage]) -> None:  # fmt: skip
+                   to_client: MemoryObjectSendStream[SessionMessage],
+                   watch: InboxWatch | None = None) -> None:  # fmt: skip
     """Each line of ``fd`` to the server as a message; a line too long or not JSON-RPC is
-    answered here with an error, and the next is read."""
+    answered here with an error, and the next is read. The client's
+    ``notifications/initialized`` tells ``watch`` it may push."""
     limit = settings.MCP_MAX_REQUEST_BYTES
     async with to_server, to_client:
         async for line, whole in _lines(fd, limit):
@@ -93,6 +106,8 @@ async def _read_in(fd: int, to_server: MemoryObjectSendStream[SessionMessage | E
                     await to_client.send(_error(_id_of(line), INVALID_REQUEST, text))
                 continue
             await to_server.send(SessionMessage(message))
+            if watch is not None and getattr(message, "method", "") == _INITIALIZED:
+                watch.ready()
 
 
 async def _lines(fd: int, limit: int) -> AsyncIterator[tuple[bytes, bool]]:
@@ -125,14 +140,21 @@ async def _lines(fd: int, limit: int) -> AsyncIterator[tuple[bytes, bool]]:
 
 
 async def _write_out(fd: int, from_server: MemoryObjectReceiveStream[SessionMessage]) -> None:
-    """Each message for the client as one line on ``fd``; once the client is gone, none."""
+    """Each message for the client as one line on ``fd``; once the client is gone, none.
+    A message that rides with `Written` is told when it was written whole."""
     async with from_server:
         async for item in from_server:
             data = item.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
+            written = item.metadata if isinstance(item.metadata, Written) else None
             try:
                 await anyio.to_thread.run_sync(_write_all, fd, data.encode())
             except OSError:
+                if written is not None:
+                    written.done.set()
                 return
+            if written is not None:
+                written.ok = True
+                written.done.set()
 
 
 def _write_all(fd: int, data: bytes) -> None:

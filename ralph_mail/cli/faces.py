@@ -33,15 +33,25 @@ def _need(module: str, extra: str, what: str) -> None:
 
 
 @app.command("mcp")
-def mcp(home: Home = None, team: TeamName = None, agent: Agent = None) -> None:
+def mcp(
+    push: Annotated[
+        bool,
+        Option("--push", help="Send each new message to the client as a Claude Code channel "
+               "event (delivered once: check_inbox does not return it again)."),
+    ] = False,
+    home: Home = None,
+    team: TeamName = None,
+    agent: Agent = None,
+) -> None:  # fmt: skip
     """Serve AGENT's mailbox to an MCP client on stdio (Claude Code, Codex, ...): ask,
     delegate, notify, the inbox, channels, history, search and the lead's protocols as
-    tools. Needs the mcp extra: pip install 'ralph_mail[mcp]'.
+    tools; the inbox is also the resource ralph://inbox, which a client can subscribe to.
+    Needs the mcp extra: pip install 'ralph_mail[mcp]'.
 
     \b
     Example:
       claude mcp add writer -e RALPH_TEAM=demo -e RALPH_AGENT=writer -- ralph-mail mcp
-      ralph-mail mcp --team demo --agent writer
+      ralph-mail mcp --team demo --agent writer --push
     """
 
     def action() -> int:
@@ -50,7 +60,7 @@ def mcp(home: Home = None, team: TeamName = None, agent: Agent = None) -> None:
             from ralph_mail import mcp_server
 
             who = identity(home, team, agent)
-            server, box = mcp_server.start(who.need_team(), who.need_agent(), home)
+            server, box = mcp_server.start(who.need_team(), who.need_agent(), home, push=push)
         except MailError as exc:  # the client is told too, not left with "Connection closed"
             error_line(str(exc))
             _refuse_client(str(exc))
