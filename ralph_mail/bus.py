@@ -300,19 +300,19 @@ class MessageBus(Mailbox):
         """Renew the lease of my task ``task_id`` (starting it); `TaskEnded` once it ended."""
         return tasks.heartbeat(self, task_id)
 
-    def complete(self, task_id: str, result: str) -> Task:
+    def complete(self, task_id: str, result: str, metadata: dict[str, str] | None = None) -> Task:
         """Record my task ``task_id`` as completed and send its delegator the result (a
-        ``task_result``, the callback), once, even when run again after a crash. After the
-        task ended (canceled) the result is kept as late: `TaskEnded`."""
-        return tasks.finish(self, task_id, "completed", result)
+        ``task_result``, the callback, with ``metadata``), once, even when run again after a
+        crash. After the task ended (canceled) the result is kept as late: `TaskEnded`."""
+        return tasks.finish(self, task_id, "completed", result, metadata)
 
-    def fail(self, task_id: str, error: str) -> Task:
+    def fail(self, task_id: str, error: str, metadata: dict[str, str] | None = None) -> Task:
         """Record my task ``task_id`` as failed and send its delegator the error."""
-        return tasks.finish(self, task_id, "failed", error)
+        return tasks.finish(self, task_id, "failed", error, metadata)
 
-    def reject(self, task_id: str, reason: str) -> Task:
+    def reject(self, task_id: str, reason: str, metadata: dict[str, str] | None = None) -> Task:
         """Refuse my task ``task_id`` (``rejected``); its delegator gets the reason."""
-        return tasks.finish(self, task_id, "rejected", reason)
+        return tasks.finish(self, task_id, "rejected", reason, metadata)
 
     def cancel(self, task_id: str, reason: str = "") -> Task:
         """Cancel ``task_id`` (one I gave out, or any as the lead) and every open task

@@ -11,11 +11,11 @@ status line (team, home, backend, message rate).
 Columns are sized for the screen (`layout_for`): at 80 columns every one is whole, with
 short words for the long presence states and a 4-cell progress bar; from `WIDE_AT`
 columns the names, tasks, bar and descriptions widen and the task tree shows when each
-task finished.
+task finished and what its subtree cost (as ``ralph-mail run`` recorded it).
 
 It only looks: it reads tails, presence, cursors and the indexes, never consumes, and
 never moves a cursor. It follows file events on a thread of its own (a waiter on every
-inbox, channel and the task log), so it costs nothing while the team is quiet, and a
+inbox, channel, the task log and the usage log), so it costs nothing while the team is quiet, and a
 refresh reads only what changed: what a pane shows is bounded, not the team's mail.
 
 Example:
@@ -40,7 +40,7 @@ from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, RichLog, Static
 
-from ralph_mail import settings
+from ralph_mail import settings, usage
 from ralph_mail.errors import MailError
 from ralph_mail.govern import presence
 from ralph_mail.message import Message, decode_lines
@@ -152,6 +152,22 @@ def bar(progress: float | None, width: int = 8) -> str:
     return "█" * done + "░" * (width - done)
 
 
+def money(micro_usd: int) -> str:
+    """A cost in at most 6 cells ("" for none).
+
+    >>> [money(n) for n in (0, 4_000, 1_234_567, 56_700_000, 12_345_678_901)]
+    ['', '<$0.01', '$1.23', '$57', '$12k']
+    """
+    dollars = micro_usd / 1e6
+    if not micro_usd:
+        return ""
+    if dollars < 0.01:
+        return "<$0.01"
+    if dollars < 10:
+        return f"${dollars:.2f}"
+    return f"${dollars:.0f}" if dollars < 1000 else f"${dollars / 1000:.0f}k"
+
+
 def clip(text: str, width: int) -> str:
     """``text`` in at most ``width`` cells, its end marked "…" when cut."""
     return text if len(text) <= width else text[: max(0, width - 1)] + "…"
@@ -189,8 +205,8 @@ def layout_for(width: int) -> Layout:
               ("task", 12 if wide else 7), ("progress" if wide else "prog", bar_cells),
               ("seen", 4), ("unread", 6)]  # fmt: skip
     roster.append(("does", _rest(width, roster)))
-    pane = width // 2 if wide else width * 3 // 5
-    tree = [("status", 9), ("assignee", 8)] + ([("done", 5)] if wide else [])
+    pane = width // 2 + 8 if wide else width * 3 // 5  # wide: + the cost column (6 + 2)
+    tree = [("status", 9), ("assignee", 8)] + ([("done", 5), ("cost", 6)] if wide else [])
     return Layout(tuple(roster), (("task", _rest(pane, tree)), *tree), pane, bar_cells)
 
 
@@ -307,6 +323,7 @@ class Dashboard(App[None]):
         self._tables: dict[str, dict[str, tuple[str | Text, ...]]] = {}  # what each shows
         self._roster_raw = self.store.roster()  # the roster as loaded, to see it change
         self._found: dict[str, tasks.Task] = {}  # the team's tasks, as last read
+        self._costs: dict[str, int] = {}  # what each task's subtree cost (micro-USD)
         self._width = 0  # the screen width the columns were made for
         self._layout = layout_for(80)
 
@@ -361,6 +378,8 @@ class Dashboard(App[None]):
         cached)."""
         self._refresh_conversation()  # first: what was said shows soonest
         self._found, _ = tasks.load(self.store)
+        own = usage.task_costs(usage.load(self.store))
+        self._costs = usage.subtree_costs(own, {t.id: t.parent for t in self._found.values()})
         self._refresh_roster()
         self._refresh_tasks()
         self._refresh_status()
@@ -396,6 +415,8 @@ class Dashboard(App[None]):
                                            clip(task.assignee, widths["assignee"]))  # fmt: skip
             if "done" in widths:
                 row += (task.updated[11:16] if task.status in tasks.FINISHED else "",)
+            if "cost" in widths:
+                row += (money(self._costs.get(task.id, 0)),)
             rows[f"task:{task.id}"] = row
         self._show(self.query_one("#tasks", DataTable), rows)
 
@@ -476,7 +497,7 @@ class Dashboard(App[None]):
     def _follow(self, loop: asyncio.AbstractEventLoop) -> None:
         """Wait on file events (every inbox, channel and the task log) and have the app's
         loop refresh at once; events that come meanwhile make one refresh after it."""
-        keys = [*self.team.names, "log:tasks"]
+        keys = [*self.team.names, "log:tasks", f"log:{usage.LOG}"]
         keys += [f"#{channel.name}" for channel in listed(self.store)]
         waiter = self.store.waiter(keys)
         try:

@@ -17,6 +17,10 @@ backs it: canceled, or moved to another agent) kills the run's whole tree at onc
 the task gets no answer; a task that ended before its run started is not run. A run
 still going at the task's deadline is killed and the task fails ("deadline passed").
 
+What a run cost, when the command reports it (Claude Code's ``--output-format json``,
+whose ``result`` is then the answer, or a report written to ``$RALPH_USAGE_FILE``; see
+`ralph_mail.usage`), goes into the answer's metadata and the team's usage log.
+
 A request is consumed only after its answer is sent, and answering is idempotent (a
 request gets one reply, a task one result), so a runner killed mid-run and started
 again answers each request exactly once. A request it cannot answer (the answer is
@@ -41,11 +45,12 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
 import orjson
 
-from ralph_mail import children, settings
+from ralph_mail import children, settings, usage
 from ralph_mail.bus import MessageBus
 from ralph_mail.children import Child, communicate, end, spawn
 from ralph_mail.errors import InvalidMessage, MailError, RefusedByRules, TaskEnded
@@ -75,12 +80,14 @@ _INSTEAD: Final = {
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """How one run ended: ``output`` (its stdout), or ``error`` (why it failed);
-    ``status`` says how, for the log (``exit 0``, ``killed after 120 s``...)."""
+    """How one run ended: ``output`` (its answer), or ``error`` (why it failed);
+    ``status`` says how, for the log (``exit 0``, ``killed after 120 s``...); ``spent``:
+    what it cost, when it said."""
 
     output: str = ""
     error: str = ""
     status: str = "exit 0"
+    spent: usage.Usage | None = None
 
 
 def prompt(message: Message, history: Sequence[Message], pattern: str, left_out: int = 0) -> str:
@@ -367,12 +374,15 @@ class Runner:
         finally:
             with self._leases_lock:
                 self._leases.pop(message.id, None)
+        if outcome.spent is not None:  # (a canceled run cost what it cost too)
+            self._charge(bus, message, pattern, outcome.spent)
         if message.id in self._canceled:
             self._canceled.discard(message.id)
             _note(f"{_what(message)}: killed in {time.monotonic() - began:.2f} s, its task "
                   "canceled: no answer")  # fmt: skip
             return
-        _note(f"{_what(message)}: {outcome.status} in {time.monotonic() - began:.2f} s")
+        spent = f", ${usage.usd(outcome.spent.cost_usd)}" if outcome.spent else ""
+        _note(f"{_what(message)}: {outcome.status} in {time.monotonic() - began:.2f} s{spent}")
         try:
             self._answer(bus, message, outcome)
             return
@@ -388,6 +398,12 @@ class Runner:
                       f"{_INSTEAD[str(message.type)]} instead")  # fmt: skip
                 return
         _note(f"could not answer {_what(message)} ({_why(refused)}): set aside")
+
+    def _charge(self, bus: MessageBus, message: Message, pattern: str, spent: usage.Usage) -> None:
+        """Record what a run cost."""
+        task = message.metadata.get("taskId") if pattern == "delegate" else None
+        usage.record(bus.store, usage.Record(usage.now_ts(), bus.agent, spent, pattern,
+                                             message.id, message.from_agent, task))  # fmt: skip
 
     def _start(self, bus: MessageBus, message: Message) -> float | None:
         """Start the task of an assignment (working, with a lease the runner's loop
@@ -414,7 +430,9 @@ class Runner:
         return bus
 
     def _answer(self, bus: MessageBus, message: Message, outcome: Outcome) -> None:
-        """Send the run's answer (the request is consumed after, never before)."""
+        """Send the run's answer, with what it cost (the request is consumed after, never
+        before)."""
+        cost = outcome.spent.metadata() if outcome.spent is not None else {}
         if message.type == MessageType.MENTION:
             name, post = message.metadata.get("channel", ""), message.reply_to or ""
             if outcome.output and not outcome.error:
@@ -423,22 +441,22 @@ class Runner:
                 bus.channels.pass_turn(name, post)
         elif message.type == MessageType.REQUEST:
             if outcome.error:
-                bus.reply(message, outcome.error, {"error": outcome.error})
+                bus.reply(message, outcome.error, {**cost, "error": outcome.error})
             else:
-                bus.reply(message, outcome.output)
+                bus.reply(message, outcome.output, cost)
         else:
             task_id = message.metadata.get("taskId", "")
             try:
                 if outcome.error:
-                    bus.fail(task_id, outcome.error)
+                    bus.fail(task_id, outcome.error, cost)
                 else:
-                    bus.complete(task_id, outcome.output)
+                    bus.complete(task_id, outcome.output, cost)
             except TaskEnded as exc:  # canceled or moved meanwhile: its result is late
                 _note(f"{_what(message)}: {exc}")
             except MailError:  # not in the team's task tree: report to whoever gave it
                 bus.send(message.from_agent, MessageType.STATUS_UPDATE,
                          outcome.error or outcome.output,
-                         {"state": "failed" if outcome.error else "done",
+                         {**cost, "state": "failed" if outcome.error else "done",
                           "task": task_id})  # fmt: skip
 
     def _run(
@@ -468,37 +486,60 @@ class Runner:
             env["RALPH_TASK"] = message.metadata.get("taskId", "")
         if pattern == "mention":
             env["RALPH_CHANNEL"] = message.metadata.get("channel", "")
+        with usage.report_file() as report:
+            env[usage.USAGE_FILE_VAR] = str(report)
+            try:
+                child = spawn(self.command, env)
+            except (OSError, ValueError) as exc:  # ValueError: a NUL in its environment
+                why = f"cannot run {self.command[0]!r}: {getattr(exc, 'strerror', None) or exc}"
+                return Outcome(error=why, status=f"not run ({why})")
+            self._children[message.id] = child
+            if message.id in self._canceled:  # canceled while it started
+                children.stop(child)
+            limit = max(1024, self.bus.max_message_bytes - _ENVELOPE_ROOM)
+            timeout = self.timeout
+            if deadline is not None:
+                timeout = max(0.0, min(timeout, deadline - time.time()))
+            try:
+                code, out, cut, err = communicate(child, stdin, timeout, limit, _STDERR_KEPT)
+            finally:
+                end(child)  # what it left running (a daemon, even out of its session) goes too
+                self._children.pop(message.id, None)
+            return self._ended(code, out, cut, err, limit, report, timeout < self.timeout)
+
+    def _ended(self, code: int | None, out: bytes, cut: bool, err: bytes, limit: int,
+               report: Path, by_deadline: bool) -> Outcome:  # fmt: skip
+        """How a run that ended went: its answer (Claude Code's JSON gives its ``result``)
+        or its error, and what it said it cost (in its usage file, else that JSON)."""
+        text = out.decode("utf-8", "replace")
+        claude = usage.from_claude(text) if not cut else None
         try:
-            child = spawn(self.command, env)
-        except (OSError, ValueError) as exc:  # ValueError: a NUL in what goes in its environment
-            why = f"cannot run {self.command[0]!r}: {getattr(exc, 'strerror', None) or exc}"
-            return Outcome(error=why, status=f"not run ({why})")
-        self._children[message.id] = child
-        if message.id in self._canceled:  # canceled while it started
-            children.stop(child)
-        limit = max(1024, self.bus.max_message_bytes - _ENVELOPE_ROOM)
-        timeout = self.timeout
-        if deadline is not None:
-            timeout = max(0.0, min(timeout, deadline - time.time()))
-        try:
-            code, out, cut, err = communicate(child, stdin, timeout, limit, _STDERR_KEPT)
-        finally:
-            end(child)  # what it left running (a daemon, even out of its session) goes too
-            self._children.pop(message.id, None)
-        if code is None and timeout < self.timeout:
-            return Outcome(error=tasklog.DEADLINE_PASSED, status="killed at its deadline")
+            spent = usage.read_report(report)
+        except ValueError as exc:
+            _note(f"{self.command[0]} wrote ${usage.USAGE_FILE_VAR} but not a usage report "
+                  f"({exc}): its cost is not recorded")  # fmt: skip
+            spent = None
+        if spent is None and claude is not None:
+            spent = claude.usage
+        if code is None and by_deadline:
+            return Outcome(error=tasklog.DEADLINE_PASSED, status="killed at its deadline",
+                           spent=spent)  # fmt: skip
         if code is None:
             return Outcome(error=f"{self.command[0]} ran past {self.timeout:g} s: killed",
-                           status=f"killed after {self.timeout:g} s")  # fmt: skip
+                           status=f"killed after {self.timeout:g} s", spent=spent)  # fmt: skip
         if code != 0:
             said = err.decode("utf-8", "replace").strip()[-_STDERR_KEPT:]
             return Outcome(error=f"{self.command[0]} exited {code}"
-                           + (f": {said}" if said else ""), status=f"exit {code}")  # fmt: skip
-        text = out.decode("utf-8", "replace")
+                           + (f": {said}" if said else ""), status=f"exit {code}",
+                           spent=spent)  # fmt: skip
+        if claude is not None:
+            if claude.error:
+                return Outcome(error=claude.error, status="exit 0, is_error", spent=spent)
+            return Outcome(output=claude.answer, spent=spent)
         text = text[:-1] if text.endswith("\n") and not cut else text
         if cut:
             text += f"\n[output cut at {limit:,} bytes: the message limit]"
-        return Outcome(output=text)
+        return Outcome(output=text, spent=spent)
 
     def _history(self, bus: MessageBus, message: Message) -> list[Message]:
         if not self.history:

@@ -71,6 +71,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("mcp", "top", "serve"), ("faces",)),
     **dict.fromkeys(("doctor", "gc"), ("maintenance",)),
     "run": ("responder",),
+    "usage": ("costs",),
     "completion": ("completion",),
 }
 
@@ -81,6 +82,7 @@ def full_app() -> Group:
         channels,
         completion,
         conversation,
+        costs,
         faces,
         governance,
         lead,

@@ -323,8 +323,9 @@ def tasks_tree(
     json: JsonRecords = False,
 ) -> None:
     """Draw the team's task tree: every task given out, its assignee, its state (stalled:
-    its lease lapsed) and notes: when it ended and who canceled it, its lease, its
-    deadline, a late result.
+    its lease lapsed), what its subtree cost when 'ralph-mail run' recorded it (--json:
+    cost_usd) and notes: when it ended and who canceled it, its lease, its deadline, a
+    late result.
 
     \b
     Example:
@@ -332,14 +333,24 @@ def tasks_tree(
     """
 
     def action() -> None:
+        from ralph_mail import usage
         from ralph_mail.talk.tasks import draw, load, ordered
         from ralph_mail.team import load_team
 
         roster = load_team(identity(home, team, agent).need_team(), home)
         known, _ = load(roster.store)
+        own = usage.task_costs(usage.load(roster.store))
+        costs = usage.subtree_costs(own, {t.id: t.parent for t in known.values()}) if own else {}
         if json:
-            print_json_lines([task.to_dict() for task in ordered(known)])
+            rows = [task.to_dict() for task in ordered(known)]
+            if costs:
+                for row in rows:
+                    row["cost_usd"] = costs.get(row["id"], 0) / 1e6
+            print_json_lines(rows)
             return
-        say(draw(known, lambda text: safe(text, newlines=False), header=is_terminal()))
+        cost = (lambda task: f"${usage.usd(costs[task.id] / 1e6)}" if costs.get(task.id)
+                else "") if costs else None  # fmt: skip
+        say(draw(known, lambda text: safe(text, newlines=False), header=is_terminal(),
+                 cost=cost))  # fmt: skip
 
     command(action)

@@ -172,20 +172,24 @@ def _clock(ts: str) -> str:
     return ts[11:19] if ts[:10] == _now()[:10] else f"{ts[:10]} {ts[11:16]}"
 
 
-def draw(tasks: dict[str, Task], escape: Callable[[str], str] = str, header: bool = False) -> str:
-    """The tree as text, a task a line: id and description, assignee, state and notes
-    (`notes`). ``escape`` makes the stored text safe for the terminal; ``header`` puts
-    the columns' names first (a terminal's listing)."""
+def draw(tasks: dict[str, Task], escape: Callable[[str], str] = str, header: bool = False,
+         cost: Callable[[Task], str] | None = None) -> str:  # fmt: skip
+    """The tree as text, a task a line: id and description, assignee, state, ``cost(task)``
+    when given (what its subtree cost), and notes (`notes`). ``escape`` makes the stored
+    text safe for the terminal; ``header`` puts the columns' names first (a terminal's
+    listing)."""
     rows = [(escape(f"{prefix}{task.id}  {task.description}"), escape(task.assignee),
-             state_of(task), escape(notes(task)))
+             state_of(task), cost(task) if cost is not None else "", escape(notes(task)))
             for prefix, task in tree_lines(tasks)]  # fmt: skip
     if header and rows:
-        rows.insert(0, ("TASK", "ASSIGNEE", "STATE", "NOTES"))
-    heads = max((len(head) for head, _, _, _ in rows), default=0)
-    names = max((len(name) for _, name, _, _ in rows), default=0)
-    words = max((len(word) for _, _, word, _ in rows), default=0)
-    lines = [f"{head:<{heads}}  {name:<{names}}  {word:<{words}}  {said}".rstrip() + "\n"
-             for head, name, word, said in rows]  # fmt: skip
+        rows.insert(0, ("TASK", "ASSIGNEE", "STATE", "COST", "NOTES"))
+    widths = [max((len(row[n]) for row in rows), default=0) for n in range(4)]
+    lines = []
+    for *cells, said in rows:
+        shown = [f"{cell:<{width}}" for cell, width in zip(cells, widths, strict=True)]
+        if cost is None:
+            del shown[3]
+        lines.append("  ".join([*shown, said]).rstrip() + "\n")
     return "".join(lines)
 
 
@@ -418,10 +422,12 @@ def heartbeat(box: Mailbox, task_id: str, *, start: bool = False) -> Task:
     return load(box.store)[0][task.id]
 
 
-def finish(box: Mailbox, task_id: str, status: str, result: str) -> Task:
+def finish(box: Mailbox, task_id: str, status: str, result: str,
+           metadata: dict[str, str] | None = None) -> Task:  # fmt: skip
     """`MessageBus.complete` / `fail` / `reject`: record my task's outcome and send its
-    delegator the ``task_result``, once. An outcome that comes after the task ended
-    (canceled, its deadline passed) is kept as late, and `TaskEnded` says how it ended."""
+    delegator the ``task_result``, once (with ``metadata``: what the work cost, from
+    ``ralph-mail run``). An outcome that comes after the task ended (canceled, its
+    deadline passed) is kept as late, and `TaskEnded` says how it ended."""
     from ralph_mail import protocols
 
     if not isinstance(result, str):
@@ -443,7 +449,7 @@ def finish(box: Mailbox, task_id: str, status: str, result: str) -> Task:
         if not box.delivered(task.delegated_by, result_id, since.get(task.id, 0),
                              collected=True, audit=True):  # fmt: skip
             box._send(task.delegated_by, MessageType.TASK_RESULT, task.result,
-                      {protocols.TASK_ID: task.id, "status": task.status},
+                      {**(metadata or {}), protocols.TASK_ID: task.id, "status": task.status},
                       task.assignment, result_id, task.assignment)  # fmt: skip
         box.store.log_append(LOG, notified(task.id))
         task = load(box.store)[0][task.id]

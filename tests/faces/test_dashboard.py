@@ -277,7 +277,7 @@ def test_from_120_columns_the_layout_widens(home: Path) -> None:
         assert wide["does"] > narrow["does"] and wide["task"] > narrow["task"]
         assert wide["agent"] > narrow["agent"] and wide["progress"] == 10
         assert roster.get_row("agent:analyst")[4] == "█" * 10
-        assert [str(c.label) for c in tree.columns.values()][-1] == "done"
+        assert [str(c.label) for c in tree.columns.values()][-2:] == ["done", "cost"]
         assert re.search(r"T-2 Check the numbers\s+completed\s+analyst\s+\d\d:\d\d", shown)
 
     drive(home, (80, 24), body)
