@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ralph_mail.errors import (
         AgentOffline,
         BroadcastError,
+        BudgetExceeded,
         DepthLimit,
         InboxBusy,
         InvalidMessage,
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
 _ERRORS = [
     "AgentOffline",
     "BroadcastError",
+    "BudgetExceeded",
     "DepthLimit",
     "InboxBusy",
     "InvalidMessage",
@@ -102,6 +104,7 @@ __all__ = [
     "AgentProgress",
     "Assignment",
     "BroadcastError",
+    "BudgetExceeded",
     "DepthLimit",
     "Event",
     "EventKind",

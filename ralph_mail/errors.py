@@ -105,3 +105,13 @@ class PermissionDenied(RefusedByRules, PermissionError):
 
 class RateLimited(RefusedByRules):
     """The sender went over its messages per minute."""
+
+
+class BudgetExceeded(RefusedByRules):
+    """An agent's jobs spent its budget (``policy budget``) in the window: its contact is
+    refused and its runs answer with an error until `until` (a ts); `agent` names it."""
+
+    def __init__(self, message: str, agent: str = "", until: str = "") -> None:
+        super().__init__(message)
+        self.agent = agent
+        self.until = until

@@ -19,7 +19,9 @@ still going at the task's deadline is killed and the task fails ("deadline passe
 
 What a run cost, when the command reports it (Claude Code's ``--output-format json``,
 whose ``result`` is then the answer, or a report written to ``$RALPH_USAGE_FILE``; see
-`ralph_mail.usage`), goes into the answer's metadata and the team's usage log.
+`ralph_mail.usage`), goes into the answer's metadata and the team's usage log. An agent
+whose jobs spent its budget (``policy budget``) answers each new request with the error
+instead of running the command.
 
 A request is consumed only after its answer is sent, and answering is idempotent (a
 request gets one reply, a task one result), so a runner killed mid-run and started
@@ -53,7 +55,7 @@ import orjson
 from ralph_mail import children, settings, usage
 from ralph_mail.bus import MessageBus
 from ralph_mail.children import Child, communicate, end, spawn
-from ralph_mail.errors import InvalidMessage, MailError, RefusedByRules, TaskEnded
+from ralph_mail.errors import BudgetExceeded, InvalidMessage, MailError, RefusedByRules, TaskEnded
 from ralph_mail.govern import presence, tasklog
 from ralph_mail.message import Message, MessageType, parse_ts
 from ralph_mail.store.base import StopEvent, Waiter
@@ -367,7 +369,10 @@ class Runner:
                 _note(f"{_what(message)}: not run ({exc})")
                 return
         try:
+            bus.gate.check_budget()
             outcome = self._run(message, pattern, self._history(bus, message), deadline)
+        except BudgetExceeded as exc:
+            outcome = Outcome(error=str(exc), status="not run (budget exhausted)")
         except _CANNOT as exc:  # its history cannot be read: a channel it cannot be in
             why = f"cannot answer this request: {exc}"
             outcome = Outcome(error=why, status=f"not run ({why})")
@@ -400,10 +405,12 @@ class Runner:
         _note(f"could not answer {_what(message)} ({_why(refused)}): set aside")
 
     def _charge(self, bus: MessageBus, message: Message, pattern: str, spent: usage.Usage) -> None:
-        """Record what a run cost."""
+        """Record what a run cost; a budget it reached is told to the lead now."""
         task = message.metadata.get("taskId") if pattern == "delegate" else None
         usage.record(bus.store, usage.Record(usage.now_ts(), bus.agent, spent, pattern,
                                              message.id, message.from_agent, task))  # fmt: skip
+        with contextlib.suppress(BudgetExceeded):
+            bus.gate.check_budget()
 
     def _start(self, bus: MessageBus, message: Message) -> float | None:
         """Start the task of an assignment (working, with a lease the runner's loop

@@ -18,10 +18,12 @@ if TYPE_CHECKING:
 
 policy_app = Group(
     help=(
-        "Show or change who may contact whom (rules, approvals), rates and depth.\n\n"
+        "Show or change who may contact whom (rules, approvals), rates, budgets and depth."
+        "\n\n"
         "Example:\n  ralph-mail policy deny '*' archive --team demo\n"
         "  ralph-mail policy allow intern '*' --approval --team demo\n"
-        "  ralph-mail policy rate '*' 10 --team demo"
+        "  ralph-mail policy rate '*' 10 --team demo\n"
+        "  ralph-mail policy budget writer 5 --per day --team demo"
     )
 )
 app.add_group(policy_app, "policy")
@@ -84,6 +86,11 @@ def policy_show(home: Home = None, team: TeamName = None, json: JsonRecords = Fa
         print_table("rules (no rule: allowed)", ("from", "to", "permission", "approval"), rows)
         rates = [(who, f"{n}/min") for who, n in sorted(current.rates.items())]
         print_table("rates (no rate: no limit)", ("agent", "messages"), rates)
+        if current.budgets:
+            from ralph_mail.usage import usd
+
+            budgets = [(who, f"${usd(b.usd)}", b.per) for who, b in sorted(current.budgets.items())]
+            print_table("budgets (USD)", ("agent", "budget", "per"), budgets)
         depth = settings.team_setting("max_depth", dict(roster.config))
         say(f"max depth: {depth}\n")
 
@@ -148,8 +155,9 @@ def policy_remove(
     """
 
     def action() -> None:
+        from dataclasses import replace
+
         from ralph_mail.errors import InvalidMessage
-        from ralph_mail.govern.policy import Policy
 
         pair = (_party(sender), _party(target))
 
@@ -157,7 +165,7 @@ def policy_remove(
             kept = tuple(r for r in current.rules if (r.sender, r.target) != pair)
             if len(kept) == len(current.rules):
                 raise InvalidMessage(f"no rule from {pair[0]} to {pair[1]}: nothing removed")
-            return Policy(kept, dict(current.rates))
+            return replace(current, rules=kept)
 
         _edit(home, team, agent, without)
 
@@ -194,6 +202,50 @@ def policy_rate(
             rate = check_rate(int(per_minute))
         who = _party(sender)
         _edit(home, team, agent, lambda current: current.with_rate(who, rate))
+
+    command(action)
+
+
+@policy_app.command("budget")
+def policy_budget(
+    who: Party,
+    amount: Annotated[str, Argument(help="US dollars, or 'off'.", metavar="AMOUNT")],
+    per: Annotated[
+        str, Option("--per", help="The rolling window: hour or day.", metavar="WINDOW")
+    ] = "day",
+    home: Home = None,
+    team: TeamName = None,
+    agent: Agent = None,
+) -> None:
+    """Cap what AGENT's jobs (or each agent's: '*') may cost per rolling hour or day, as
+    'ralph-mail run' records it; the lead's to do. Once reached, the agent's contact is
+    refused (exit 4), its runs answer with the error, and the lead gets a
+    budget_exceeded message.
+
+    \b
+    Example:
+      ralph-mail policy budget writer 5 --per day --team demo --agent lead
+      ralph-mail policy budget '*' 0.50 --per hour --team demo --agent lead
+    """
+
+    def action() -> None:
+        import math
+
+        from ralph_mail.govern.policy import Budget, check_budget
+
+        if per not in ("hour", "day"):
+            raise MailError(f"invalid --per {per!r}: hour or day")
+        budget = None
+        if amount != "off":
+            try:
+                value: object = float(amount.removeprefix("$"))
+            except ValueError:
+                value = amount
+            if isinstance(value, float) and not math.isfinite(value):
+                value = amount  # (named as given)
+            budget = Budget(check_budget(value), "hour" if per == "hour" else "day")
+        name = _party(who)
+        _edit(home, team, agent, lambda current: current.with_budget(name, budget))
 
     command(action)
 

@@ -2,7 +2,7 @@
 
 It owns, in this order: self-contact (never), the depth of a request's chain, the loop
 guard of a thread, whether an "answer" really answers something, and for everything
-that is not an answer the team's policy (rules, modes, approvals) and rates. Nothing
+that is not an answer the team's policy (rules, modes, approvals), budgets and rates. Nothing
 else in the package refuses or exempts a message, and a message type never buys an
 exemption by itself:
 
@@ -193,6 +193,19 @@ class Gate:
         protocol = kind in PROTOCOL_REQUESTS and box.team.lead in (sender, to)
         return self._govern([to], answer or "contact", protocol)
 
+    def check_budget(self) -> None:
+        """`BudgetExceeded` when my agent's jobs spent its budget (``ralph-mail run``
+        asks before each run); the lead is told once. A broken policy sets no budget
+        here: it refuses contact, never an answer."""
+        try:
+            policy = self.policy()
+        except PermissionDenied:
+            return
+        if policy.budgets:
+            from ralph_mail.govern import budget
+
+            budget.check(self._box(), policy)
+
     def check_post(self, channel: str, mentioned: list[str]) -> None:
         """Judge a post in ``channel`` that mentions ``mentioned`` (each gets a
         ``mention``, contact my agent starts): one message counted against my rate, and
@@ -315,11 +328,16 @@ class Gate:
         return held
 
     def _count(self, policy: Policy | None = None) -> None:
-        """Count one message my agent starts against its rate; `RateLimited` over it."""
+        """Count one message my agent starts against its rate; `RateLimited` over it,
+        `BudgetExceeded` (counting nothing) when my agent's jobs spent its budget."""
         policy = self.policy() if policy is None else policy
         if policy is _NO_POLICY and self.default_rate is None:
             return
         box = self._box()
+        if policy.budgets:
+            from ralph_mail.govern import budget
+
+            budget.check(box, policy)
         rate = policy.rate_of(box.agent) or self.default_rate
         if rate is None:
             return

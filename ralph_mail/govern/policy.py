@@ -23,6 +23,9 @@ sender wins over a ``*`` rule at the same step. On top, a sender in mode ``super
 needs approval for contact, and one in mode ``strict`` for everything it sends but acks,
 task results and protocol messages (its replies too), even to its manager.
 
+Budgets ``{agent or *: {"usd": AMOUNT, "per": "hour" | "day"}}`` cap what an agent's jobs
+may cost in a rolling hour or day (`ralph_mail.govern.budget` enforces them).
+
 A policy that cannot be read or parsed fails closed: every agent-initiated contact is
 refused (`PermissionDenied`) naming the problem, never allowed.
 
@@ -34,7 +37,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from ralph_mail import codec
@@ -57,7 +60,10 @@ MAX_RATE: Final = 100_000
 #: The rolling window of a rate limit (s).
 RATE_WINDOW_S: Final = 60.0
 _RULE_KEYS: Final = frozenset({"from", "to", "permission", "approval"})
-_TOP_KEYS: Final = frozenset({"version", "rules", "rates"})
+_TOP_KEYS: Final = frozenset({"version", "rules", "rates", "budgets"})
+#: The largest budget a policy may set (USD), and each window's length (s).
+MAX_BUDGET_USD: Final = 1_000_000.0
+WINDOWS: Final = {"hour": 3600.0, "day": 86400.0}
 
 Verdict = Literal["allow", "hold", "deny"]
 
@@ -77,6 +83,22 @@ class Rule:
 
 
 @dataclass(frozen=True, slots=True)
+class Budget:
+    """What an agent's jobs may cost: ``usd`` (US dollars) per rolling ``per`` (``hour``
+    or ``day``)."""
+
+    usd: float
+    per: Literal["hour", "day"]
+
+    @property
+    def window_s(self) -> float:
+        return WINDOWS[self.per]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"usd": self.usd, "per": self.per}
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     """What the policy says of one message: ``verdict`` and, unless allowed, why."""
 
@@ -93,6 +115,7 @@ class Policy:
 
     rules: tuple[Rule, ...] = ()
     rates: dict[str, int] = field(default_factory=dict)
+    budgets: dict[str, Budget] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # (sender, target) -> the rules for it, so a decision costs a few dict lookups
@@ -105,6 +128,10 @@ class Policy:
     def rate_of(self, sender: str) -> int | None:
         """Messages per minute ``sender`` may start, or None: no limit."""
         return self.rates.get(sender, self.rates.get("*"))
+
+    def budget_of(self, agent: str) -> Budget | None:
+        """What ``agent``'s jobs may cost, or None: no limit."""
+        return self.budgets.get(agent, self.budgets.get("*"))
 
     def decide(self, team: Team, sender: str, target: str, *, reply: bool = False) -> Decision:
         """The verdict for ``sender`` contacting ``target`` (``reply``: answering it)."""
@@ -142,21 +169,30 @@ class Policy:
 
     def to_json(self) -> bytes:
         """The policy as it is saved."""
-        document = {"version": 1, "rules": [rule.to_dict() for rule in self.rules],
-                    "rates": dict(sorted(self.rates.items()))}  # fmt: skip
+        document: dict[str, Any] = {"version": 1, "rules": [r.to_dict() for r in self.rules],
+                                    "rates": dict(sorted(self.rates.items()))}  # fmt: skip
+        if self.budgets:
+            document["budgets"] = {k: v.to_dict() for k, v in sorted(self.budgets.items())}
         return codec.dumps_indented(document, newline=True)
 
     def with_rule(self, rule: Rule) -> Policy:
         """This policy with ``rule`` in place of any rule for the same sender and target."""
         kept = [r for r in self.rules if (r.sender, r.target) != (rule.sender, rule.target)]
-        return Policy((*kept, rule), dict(self.rates))
+        return replace(self, rules=(*kept, rule))
 
     def with_rate(self, sender: str, per_minute: int | None) -> Policy:
         """This policy with ``sender``'s rate set (None: removed)."""
         rates = {k: v for k, v in self.rates.items() if k != sender}
         if per_minute is not None:
             rates[sender] = per_minute
-        return Policy(self.rules, rates)
+        return replace(self, rates=rates)
+
+    def with_budget(self, agent: str, budget: Budget | None) -> Policy:
+        """This policy with ``agent``'s budget set (None: removed)."""
+        budgets = {k: v for k, v in self.budgets.items() if k != agent}
+        if budget is not None:
+            budgets[agent] = budget
+        return replace(self, budgets=budgets)
 
 
 def change(store: TeamStore, edit: Callable[[Policy], Policy]) -> Policy:
@@ -217,8 +253,37 @@ def parse(raw: bytes) -> Policy:
     rates = document.get("rates", {})
     if not isinstance(rates, dict):
         raise InvalidMessage("rates is not an object")
-    return Policy(tuple(_rule(item, n) for n, item in enumerate(rules)),
-                  {_party(k, "rates key"): check_rate(v) for k, v in rates.items()})  # fmt: skip
+    budgets = document.get("budgets", {})
+    if not isinstance(budgets, dict):
+        raise InvalidMessage("budgets is not an object")
+    return Policy(
+        tuple(_rule(item, n) for n, item in enumerate(rules)),
+        {_party(k, "rates key"): check_rate(v) for k, v in rates.items()},
+        {_party(k, "budgets key"): _budget(v, k) for k, v in budgets.items()},
+    )
+
+
+def _budget(item: object, who: str) -> Budget:
+    if not isinstance(item, dict) or set(item) != {"usd", "per"}:
+        raise InvalidMessage(f"the budget of {who} is not an object of usd and per")
+    per = item["per"]
+    if per not in WINDOWS:
+        raise InvalidMessage(f"the budget of {who}: per {per!r} is not hour or day")
+    return Budget(check_budget(item["usd"]), per)
+
+
+def check_budget(value: object) -> float:
+    """A budget: US dollars, more than 0 and at most `MAX_BUDGET_USD`."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not (0 < value <= MAX_BUDGET_USD)
+    ):
+        raise InvalidMessage(
+            f"invalid budget {value!r}: give US dollars above 0 and at most "
+            f"{MAX_BUDGET_USD:,.0f}, e.g. 5 or 0.50"
+        )
+    return float(value)
 
 
 def _rule(item: object, n: int) -> Rule:

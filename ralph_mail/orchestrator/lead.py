@@ -127,6 +127,7 @@ class TeamOrchestrator:
             MessageType.TASK_RESULT: self._on_task_result,
             MessageType.TASK_STALLED: self._on_task_notice,
             MessageType.TASK_CANCELED: self._on_task_notice,
+            "budget_exceeded": self._on_budget,
         }
         self.progress: dict[str, AgentProgress] = {
             name: AgentProgress(name) for name in self.teammates
@@ -442,6 +443,9 @@ class TeamOrchestrator:
         kind = EventKind.TASK_STALLED if stalled else EventKind.TASK_CANCELED
         agent = message.metadata.get("assignee", message.from_agent) if stalled else ""
         self._emit(kind, agent or message.from_agent, f"{task}: {message.content}", message)
+
+    def _on_budget(self, message: Message) -> None:
+        self._emit(EventKind.BUDGET_EXCEEDED, message.from_agent, message.content, message)
 
     def _on_text(self, message: Message) -> None:
         agent = message.from_agent

@@ -82,6 +82,7 @@ class EventKind(StrEnum):
     TASK_STALLED = "task_stalled"
     TASK_CANCELED = "task_canceled"
     ACK_OVERDUE = "ack_overdue"
+    BUDGET_EXCEEDED = "budget_exceeded"
     ERROR = "error"
     IGNORED = "ignored"
     DUPLICATE = "duplicate"
