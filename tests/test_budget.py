@@ -6,8 +6,6 @@ agents stops there."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,8 +13,9 @@ from pathlib import Path
 import anyio
 import orjson
 import pytest
-from conftest import BOUND_S, Processes, cli_env, ralph
+from conftest import BOUND_S, Processes, ralph
 from mcp import Client
+from test_usage import start_runner
 
 from ralph_mail import (
     BudgetExceeded,
@@ -182,20 +181,6 @@ def test_mcp_refuses_contact_over_budget_in_one_line(team: Team) -> None:
             box.close()
 
     anyio.run(main)
-
-
-def start_runner(procs: Processes, home: Path, agent: str, command: list[str],
-                 **env: str) -> subprocess.Popen[bytes]:  # fmt: skip
-    environ = cli_env(home, RALPH_TEAM="demo", **env)
-    environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environ['PATH']}"
-    child = subprocess.Popen(
-        [sys.executable, "-m", "ralph_mail", "run", "--agent", agent, "--", *command],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environ,
-    )  # fmt: skip
-    procs.started.append(child)
-    assert child.stderr is not None
-    assert b"answers with" in child.stderr.readline()
-    return child
 
 
 def test_run_answers_with_the_error_without_running_over_budget(

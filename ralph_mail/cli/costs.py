@@ -56,7 +56,8 @@ def usage_report(
             rows = [t.to_dict(by) for t in totals]
             if by == "task":
                 for row, total in zip(rows, totals, strict=True):
-                    row["subtree_cost_usd"] = subtree.get(total.key, total.micro_usd) / 1e6
+                    cost = subtree.get(total.key, total.micro_usd) / 1e6
+                    row["subtree_cost_usd"] = cost if total.key else None
             print_json_lines(rows)
             return
         spent = sum(t.micro_usd for t in totals) / 1e6
@@ -69,7 +70,7 @@ def usage_report(
         print_table(title, ("task", "agents", "jobs", "input", "output", "cost", "subtree"),
                     [(t.key or "-", ",".join(t.agents), str(t.jobs), str(t.input_tokens),
                       str(t.output_tokens), f"${usage.usd(t.cost_usd)}",
-                      f"${usage.usd(subtree.get(t.key, t.micro_usd) / 1e6)}")
+                      f"${usage.usd(subtree.get(t.key, t.micro_usd) / 1e6)}" if t.key else "")
                      for t in totals])  # fmt: skip
 
     command(action)
