@@ -321,3 +321,33 @@ def test_a_folded_conversation_says_how_to_unfold_it(home: Path) -> None:
 
     drive(home, (120, 30), body)
     assert layout_for(80).tasks_pane + 20 <= 80  # the hint's pane keeps some width at 80
+
+
+def test_top_shows_what_each_subtree_cost_and_follows_new_costs(home: Path) -> None:
+    """From 120 columns the task tree has a cost column: each task's subtree; a job
+    recorded while top runs shows without a key pressed."""
+    from ralph_mail import usage
+
+    studio(home)
+    lead = MessageBus("studio", "lead", home)
+    part = lead.delegate("writer", "Find the numbers", parent="T-1")
+
+    def job(task: str, cost: float) -> None:
+        entry = usage.Record(usage.now_ts(), "writer", usage.Usage(cost_usd=cost), "delegate",
+                             task=task)  # fmt: skip
+        usage.record(lead.store, entry)
+
+    job("T-1", 0.5)
+    job(part.id, 0.25)
+
+    async def body(app: Dashboard, pilot: Pilot[None]) -> None:
+        await until(pilot, app, "$0.75")
+        tree = app.query_one("#tasks", DataTable)
+        assert tree.get_row(f"task:{part.id}")[-1] == "$0.25"
+        job(part.id, 0.25)
+        await until(pilot, app, "$1.00")
+        assert tree.get_row("task:T-1")[-1] == "$1.00"
+        assert tree.get_row(f"task:{part.id}")[-1] == "$0.50"
+
+    drive(home, (120, 40), body)
+    lead.close()

@@ -13,9 +13,7 @@ from pathlib import Path
 import anyio
 import orjson
 import pytest
-from conftest import BOUND_S, Processes, ralph
 from mcp import Client
-from test_usage import start_runner
 
 from ralph_mail import (
     BudgetExceeded,
@@ -33,6 +31,7 @@ from ralph_mail.govern.budget import exhausted
 from ralph_mail.govern.policy import Budget
 from ralph_mail.mcp_server import build
 from ralph_mail.message import format_ts
+from tests.helpers.processes import BOUND_S, Processes, ralph, runner
 
 LEAD = ("--team", "demo", "--agent", "lead")
 
@@ -191,7 +190,7 @@ def test_run_answers_with_the_error_without_running_over_budget(
     budget(team, "worker-1", "0.01")
     spend(team, "worker-1", 0.01)
     ran = tmp_path / "ran"
-    start_runner(procs, team.home, "worker-1", ["sh", "-c", f'touch "{ran}"; echo hi'])
+    runner(procs, team.home, "worker-1", f'touch "{ran}"; echo hi')
     asked = ralph(team.home, "ask", "worker-1", "anything?", "--json", *LEAD)
     assert asked.returncode == 3, asked.stderr
     reply = orjson.loads(asked.stdout)
@@ -224,7 +223,7 @@ def test_a_runaway_loop_of_two_agents_stops_at_the_budget(
     script.write_text(LOOPING)
     budget(team, "worker-1", "0.05", "hour")
     for agent, other in (("worker-1", "worker-2"), ("worker-2", "worker-1")):
-        start_runner(procs, team.home, agent, [sys.executable, str(script)], OTHER=other)
+        runner(procs, team.home, agent, f"OTHER={other} exec {sys.executable} {script}")
     assert ralph(team.home, "delegate", "worker-1", "start", *LEAD).returncode == 0
     worker2 = MessageBus("demo", "worker-2", team.home)  # (its runner consumes; this reads)
     deadline = time.monotonic() + BOUND_S

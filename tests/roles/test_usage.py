@@ -5,16 +5,16 @@ small Python program that prints what `claude -p --output-format json` prints.""
 
 from __future__ import annotations
 
-import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import orjson
 import pytest
-from conftest import BOUND_S, Processes, cli_env, ralph
 
 from ralph_mail import MessageBus, Team, usage
+from tests.helpers.processes import BOUND_S, Processes, ralph, runner
 
 #: A stand-in for `claude -p --output-format json`: the answer in ``result``, what it
 #: cost in ``total_cost_usd`` ($COST, default 0.01) and ``usage``; ``is_error`` with
@@ -33,26 +33,12 @@ print(json.dumps({
 """
 
 
-def start_runner(
-    procs: Processes, home: Path, agent: str, command: list[str], **env: str
-) -> subprocess.Popen[bytes]:
-    """``ralph-mail run --agent AGENT -- COMMAND`` for team 'demo', once it is online."""
-    environ = cli_env(home, RALPH_TEAM="demo", **env)
-    environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environ['PATH']}"
-    child = subprocess.Popen(
-        [sys.executable, "-m", "ralph_mail", "run", "--agent", agent, "--", *command],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environ,
-    )  # fmt: skip
-    procs.started.append(child)
-    assert child.stderr is not None
-    assert b"answers with" in child.stderr.readline()
-    return child
-
-
-def model(tmp_path: Path) -> list[str]:
+def model(tmp_path: Path, **env: str) -> str:
+    """The script that runs `MODEL` with ``env`` set (for `runner`)."""
     script = tmp_path / "model.py"
     script.write_text(MODEL)
-    return [sys.executable, str(script)]
+    settings = " ".join(f"{key}={shlex.quote(value)}" for key, value in env.items())
+    return f"{settings} exec {shlex.quote(sys.executable)} {shlex.quote(str(script))}"
 
 
 def lead_cli(home: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
@@ -109,7 +95,7 @@ def test_a_claude_run_answers_with_its_result_and_records_what_it_cost(
 ) -> None:
     """An ask answered by the scripted model: the reply is its ``result``, with the cost
     and tokens in the metadata; the usage log has the job; 'usage' sums it by agent."""
-    start_runner(procs, team.home, "worker-1", model(tmp_path), COST="0.0125")
+    runner(procs, team.home, "worker-1", model(tmp_path, COST="0.0125"))
     asked = lead_cli(team.home, "ask", "worker-1", "what is 6x7?", "--json")
     assert asked.returncode == 0, asked.stderr
     reply = orjson.loads(asked.stdout)
@@ -130,7 +116,7 @@ def test_a_failed_claude_run_is_a_failed_task_and_still_costs(
 ) -> None:
     """``is_error`` fails the task with Claude's text; what the run cost is recorded
     and travels with the failure."""
-    start_runner(procs, team.home, "worker-1", model(tmp_path), FAIL="1")
+    runner(procs, team.home, "worker-1", model(tmp_path, FAIL="1"))
     done = lead_cli(team.home, "delegate", "worker-1", "do it", "--wait", str(BOUND_S))
     assert (done.returncode, done.stdout) == (3, b"answered: do it\n"), done.stderr
     lead = MessageBus("demo", "lead", team.home)
@@ -148,7 +134,7 @@ def test_any_command_reports_through_the_usage_file_and_tasks_show_subtree_costs
     jobs and subtree, and --since leaves older jobs out."""
     script = ('printf \'{"input_tokens": 100, "output_tokens": 10, "cost_usd": 0.25}\' '
               '> "$RALPH_USAGE_FILE"; echo done')  # fmt: skip
-    start_runner(procs, team.home, "worker-1", ["sh", "-c", script])
+    runner(procs, team.home, "worker-1", script)
     for part, where in (("plan", ("--id", "T-1")), ("draft", ("--parent", "T-1")),
                         ("check", ("--parent", "T-1"))):  # fmt: skip
         done = lead_cli(team.home, "delegate", "worker-1", part, *where, "--wait", str(BOUND_S))
@@ -172,14 +158,13 @@ def test_a_usage_file_that_is_not_a_report_is_said_and_the_job_still_answered(
 ) -> None:
     """A command that writes something else to $RALPH_USAGE_FILE gets its answer sent;
     the runner says in one line that its cost was not recorded."""
-    runner = start_runner(procs, team.home, "worker-1",
-                          ["sh", "-c", 'echo "lots" > "$RALPH_USAGE_FILE"; echo fine'])  # fmt: skip
+    child = runner(procs, team.home, "worker-1", 'echo "lots" > "$RALPH_USAGE_FILE"; echo fine')
     asked = lead_cli(team.home, "ask", "worker-1", "how much?")
     assert asked.stdout == b"fine\n"
-    assert runner.stderr is not None
+    assert child.stderr is not None
     said = b""
     while b"not a usage report" not in said:
-        said += runner.stderr.readline()
+        said += child.stderr.readline()
     assert b"(it is not JSON): its cost is not recorded" in said
     assert usage.load(team.store) == []
 
@@ -193,37 +178,3 @@ def test_usage_refuses_a_bad_option_and_prints_nothing_without_records(team: Tea
                        (("--since", "soon"), b"--since: invalid time 'soon'")):  # fmt: skip
         bad = ralph(team.home, "usage", *args, "--team", "demo")
         assert bad.returncode == 2 and says in bad.stderr and bad.stderr.count(b"\n") == 1
-
-
-def test_top_shows_what_each_subtree_cost_and_follows_new_costs(home: Path) -> None:
-    """From 120 columns the task tree has a cost column: each task's subtree; a job
-    recorded while top runs shows without a key pressed."""
-    from test_dashboard import drive, studio, until
-    from textual.pilot import Pilot
-    from textual.widgets import DataTable
-
-    from ralph_mail.dashboard import Dashboard
-
-    studio(home)
-    lead = MessageBus("studio", "lead", home)
-    part = lead.delegate("writer", "Find the numbers", parent="T-1")
-
-    def job(task: str, cost: float) -> None:
-        entry = usage.Record(usage.now_ts(), "writer", usage.Usage(cost_usd=cost), "delegate",
-                             task=task)  # fmt: skip
-        usage.record(lead.store, entry)
-
-    job("T-1", 0.5)
-    job(part.id, 0.25)
-
-    async def body(app: Dashboard, pilot: Pilot[None]) -> None:
-        await until(pilot, app, "$0.75")
-        tree = app.query_one("#tasks", DataTable)
-        assert tree.get_row(f"task:{part.id}")[-1] == "$0.25"
-        job(part.id, 0.25)
-        await until(pilot, app, "$1.00")
-        assert tree.get_row("task:T-1")[-1] == "$1.00"
-        assert tree.get_row(f"task:{part.id}")[-1] == "$0.50"
-
-    drive(home, (120, 40), body)
-    lead.close()

@@ -19,7 +19,6 @@ from typing import Any
 import anyio
 import pytest
 from anyio.streams.memory import MemoryObjectSendStream
-from conftest import BOUND_S, backend_url, cli_env
 from mcp import Client
 from mcp.client.extension import ClientExtension, NotificationBinding
 from mcp.client.stdio import StdioServerParameters
@@ -28,6 +27,8 @@ from pydantic import BaseModel
 
 from ralph_mail import MessageBus, MessageType, Team, create_team
 from ralph_mail.mcp_server import build
+from tests.helpers.backends import backend_url
+from tests.helpers.processes import BOUND_S, cli_env
 
 INBOX = "ralph://inbox"
 IDENTIFIER = re.compile(r"[A-Za-z0-9_]+")
