@@ -18,7 +18,8 @@ result): a client that opens with the 2026-07-28 envelope gets resource updates 
 
 Nothing polls. One thread, `InboxWatch`, blocks on the store's waiter for the agent's
 inbox (inotify, or a pull the NATS server holds) as the bus's waits do, and hands each
-notification to the server's event loop. Every notification goes through the one stream
+notification to the server's event loop; while nobody subscribes and nothing is pushed,
+it leaves the inbox alone. Every notification goes through the one stream
 the SDK writes its responses to, one whole JSON-RPC message at a time: it lands between
 two messages, never inside a tool call's response.
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -37,7 +39,7 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 from anyio.streams.memory import MemoryObjectSendStream
-from mcp.server.subscriptions import InMemorySubscriptionBus, ResourceUpdated
+from mcp.server.subscriptions import InMemorySubscriptionBus, ResourceUpdated, ServerEvent
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 from mcp.types import (
     EmptyResult,
@@ -99,10 +101,10 @@ class InboxWatch:
 
     def __init__(self, box: Mailbox, push: bool) -> None:
         self.box, self.push = box, push
-        self.listeners = InMemorySubscriptionBus()  # 2026-07-28 subscriptions/listen
-        self._session: ServerSession | None = None  # a handshake-era subscriber's
         self._stop = threading.Event()
-        self._kick = threading.Event()  # look again now (the client became ready)
+        self._kick = threading.Event()  # look again now (a subscriber, the client ready)
+        self.listeners = _Listeners(self._kick)  # 2026-07-28 subscriptions/listen
+        self._session: ServerSession | None = None  # a handshake-era subscriber's
         self._ready = False  # the handshake is done: events may be pushed
         self._known: set[str] = set()  # the ids unconsumed at the last look
 
@@ -122,6 +124,7 @@ class InboxWatch:
                             ) -> EmptyResult:  # fmt: skip
             if params.uri == INBOX_URI:
                 self._session = ctx.session
+                self._kick.set()
             return EmptyResult()
 
         async def unsubscribe(ctx: ServerRequestContext[Any], params: UnsubscribeRequestParams,
@@ -153,6 +156,7 @@ class InboxWatch:
                 await anyio.sleep_forever()
             finally:
                 self._stop.set()
+                self._kick.set()
                 with anyio.CancelScope(shield=True):  # the loop stays free for its last call
                     await anyio.to_thread.run_sync(thread.join)
 
@@ -167,6 +171,9 @@ class InboxWatch:
         try:
             while not self._stop.is_set():
                 self._kick.clear()
+                if not self._wanted():  # nobody to tell: wait for a subscriber
+                    self._kick.wait(WATCH_SAFETY_POLL_S)
+                    continue
                 try:
                     self._look(token, out)
                 except MailError as exc:  # the store failing: say so, look again later
@@ -176,6 +183,10 @@ class InboxWatch:
                 waiter.wait(WATCH_SAFETY_POLL_S, woken)
         finally:
             waiter.close()
+
+    def _wanted(self) -> bool:
+        """Whether anyone is to be told of new mail: events to push, or a subscriber."""
+        return (self.push and self._ready) or self._session is not None or bool(self.listeners.open)
 
     def _look(self, token: anyio.lowlevel.EventLoopToken,
               out: MemoryObjectSendStream[SessionMessage]) -> None:  # fmt: skip
@@ -209,6 +220,30 @@ async def _push(out: MemoryObjectSendStream[SessionMessage], message: Message, t
         return False
     await written.done.wait()
     return written.ok
+
+
+class _Listeners(InMemorySubscriptionBus):
+    """The SDK's bus of ``subscriptions/listen`` streams, counting them (``open``) and
+    waking the watch when one opens."""
+
+    def __init__(self, kick: threading.Event) -> None:
+        super().__init__()
+        self.open = 0
+        self._kick = kick
+
+    def subscribe(self, listener: Callable[[ServerEvent], None]) -> Callable[[], None]:
+        unsubscribe = super().subscribe(listener)
+        self.open += 1
+        self._kick.set()
+        done: list[bool] = []
+
+        def stop() -> None:
+            if not done:
+                done.append(True)
+                self.open -= 1
+            unsubscribe()
+
+        return stop
 
 
 class _Either:
