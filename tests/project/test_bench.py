@@ -33,6 +33,7 @@ TARGETS = {
     "mcp_check",
     "mcp_send_peer",
     "mcp_check_peer",
+    "mcp_push",
     "run_start",
     "run_exit",
     "turn_overhead",
