@@ -194,6 +194,7 @@ class Mailbox:
             taken = [m for m in pending if m.id not in self._pushing
                      and m.type not in self._awaited] if push else []  # fmt: skip
             self._pushing.update(m.id for m in taken)
+            _remember(self._seen, taken)  # a reply may come as soon as the event is out
         return {m.id for m in pending}, [(m, describe(m)) for m in taken]
 
     def pushed(self, message: Message, ok: bool) -> None:
@@ -201,11 +202,9 @@ class Mailbox:
         would) or could not be (it stays unread)."""
         with self._lock:
             self._pushing.discard(message.id)
-            if not ok:
-                return
-            with contextlib.suppress(InvalidMessage):  # a wait of this process took it
-                self.bus.consume(message)
-            _remember(self._seen, [message])
+            if ok:
+                with contextlib.suppress(InvalidMessage):  # a wait of this process took it
+                    self.bus.consume(message)
 
     def _named(self, message_id: str) -> Message:
         """A message a read tool showed, by its id (what ``reply`` answers)."""
