@@ -241,3 +241,25 @@ def test_a_runaway_loop_of_two_agents_stops_at_the_budget(
     assert len(told(team)) == 1
     report = ralph(team.home, "usage", "--team", "demo").stdout.decode().splitlines()
     assert sorted(report) == ["worker-1\t5\t4500\t200\t$0.05", "worker-2\t5\t4500\t200\t$0.05"]
+
+
+def test_an_answer_to_a_request_its_asker_has_not_indexed_yet_is_still_an_answer(
+    team: Team, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The asker indexes its request just after appending it; a reply sent in between (a
+    runner is that quick) answers a request in the replier's inbox, so it is not contact
+    and an agent over its budget still sends it."""
+    budget(team, "worker-1", "0.01")
+    spend(team, "worker-1", 0.01)
+    lead = MessageBus("demo", "lead", team.home)
+    with monkeypatch.context() as late:  # the asker has appended, not yet indexed
+        late.setattr(type(lead), "_index", lambda *args: None)
+        question = lead.send("worker-1", MessageType.REQUEST, "still there?")
+    worker = MessageBus("demo", "worker-1", team.home)
+    (received,) = worker.poll()
+    answer = worker.reply(received, "yes")
+    assert answer.reply_to == question.id and answer.ts
+    with pytest.raises(BudgetExceeded):
+        worker.send("lead", MessageType.TEXT, "a note is contact")
+    worker.close()
+    lead.close()
