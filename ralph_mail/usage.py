@@ -35,8 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-import orjson
-
+from ralph_mail import codec
 from ralph_mail.message import format_ts
 
 if TYPE_CHECKING:
@@ -146,8 +145,8 @@ def from_claude(stdout: str) -> Reported | None:
     if not (text.startswith("{") and text.endswith("}") and '"result"' in text):
         return None
     try:
-        document = orjson.loads(text)
-    except orjson.JSONDecodeError:
+        document = codec.loads(text)
+    except codec.DecodeError:
         return None
     if not isinstance(document, dict) or document.get("type") != "result":
         return None
@@ -194,8 +193,8 @@ def read_report(path: Path) -> Usage | None:
     if len(data) > REPORT_MAX_BYTES:
         raise ValueError(f"it is over {REPORT_MAX_BYTES:,} bytes")
     try:
-        return from_report(orjson.loads(data))
-    except orjson.JSONDecodeError:
+        return from_report(codec.loads(data))
+    except codec.DecodeError:
         raise ValueError("it is not JSON") from None
 
 
@@ -237,7 +236,7 @@ class Record:
 
 def record(store: TeamStore, entry: Record) -> None:
     """Append ``entry`` to the usage log, then add it to its agent's spend."""
-    store.log_append(LOG, orjson.dumps(entry.to_dict(), option=orjson.OPT_APPEND_NEWLINE))
+    store.log_append(LOG, codec.dumps_line(entry.to_dict()))
     minute = str(int(_seconds(entry.ts) // 60))
     cost = entry.usage.micro_usd
 
@@ -246,7 +245,7 @@ def record(store: TeamStore, entry: Record) -> None:
         oldest = int(minute) - KEPT_MINUTES
         kept = {key: value for key, value in buckets.items() if int(key) > oldest}
         kept[minute] = kept.get(minute, 0) + cost
-        return orjson.dumps({"m": kept})
+        return codec.dumps({"m": kept})
 
     if cost:
         store.update_state(f"{SPEND}{entry.agent}", add)
@@ -261,10 +260,10 @@ def _seconds(ts: str) -> float:
 def _buckets(raw: bytes | None) -> dict[str, int]:
     """The minute buckets of a spend state (a damaged one: none, a cache of the log)."""
     try:
-        found = orjson.loads(raw) if raw else {}
+        found = codec.loads(raw) if raw else {}
         buckets = found.get("m", {}) if isinstance(found, dict) else {}
         return {str(int(k)): int(v) for k, v in buckets.items()}
-    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+    except (codec.DecodeError, AttributeError, TypeError, ValueError):
         return {}
 
 
@@ -286,7 +285,7 @@ def load(store: TeamStore, since: str | None = None) -> list[Record]:
     found = []
     for line in store.log_read(LOG).splitlines():
         try:
-            item = orjson.loads(line)
+            item = codec.loads(line)
             ts = str(item["ts"])
             if since is not None and ts < since:
                 continue
@@ -295,7 +294,7 @@ def load(store: TeamStore, since: str | None = None) -> list[Record]:
                                 str(item.get("pattern", "")), str(item.get("message", "")),
                                 str(item.get("requester", "")),
                                 str(task) if task is not None else None))  # fmt: skip
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        except (codec.DecodeError, KeyError, TypeError, ValueError):
             continue
     return found
 
