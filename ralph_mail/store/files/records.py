@@ -53,13 +53,19 @@ class Records(TeamFiles):
     # -- presence --------------------------------------------------------------------------
 
     def save_presence(self, agent: str, record: bytes) -> None:
-        """Keep ``record`` as ``agent``'s presence (a slot file: no fsync, a pwrite)."""
+        """Keep ``record`` as ``agent``'s presence (a slot file: no fsync, a pwrite).
+
+        Every process of the agent saves it (a runner, a ``presence`` command), so each
+        save reads the newest sequence number first: a save numbered after what this
+        process last wrote would lose to another's higher one, unread."""
         dirs = self.dirs
         slots = self._presence.get(agent)
         if slots is None:
             slots = self._presence[agent] = SlotFile(
                 lambda: dirs.get("presence"), f"{agent}.slot", f"presence of {agent!r}"
             )
+        with contextlib.suppress(StoreError):  # a damaged file: this save mends it
+            slots.load()
         slots.save(record)
 
     def load_presence(self, agent: str) -> bytes | None:
