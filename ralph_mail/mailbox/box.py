@@ -54,8 +54,8 @@ _T = TypeVar("_T")
 
 #: How often one mailbox notes its agent as active (s); see ralph_mail.govern.presence.
 _TOUCH_EVERY_S = 1.0
-#: Types that start a thread of their own, indexed under their id for `thread` (an index
-#: file each: only what threads answers, not every protocol message).
+#: Types that start a thread of their own, indexed under their id for `thread` (and
+#: marked as starting there: only what threads answers, not every protocol message).
 THREAD_STARTERS = frozenset({MessageType.REQUEST, MessageType.TASK_ASSIGNMENT})
 #: Everything, for an index read: `indexed` returns O(what the index holds).
 ALL = 1 << 62
@@ -125,7 +125,7 @@ class Mailbox(Consuming):
         # Consuming, one thread at a time: asks from several threads, an MCP server's tools.
         self._lock = threading.RLock()
         self._ask_local = threading.local()  # each asking thread's waiter
-        self._ask_waiters: list[Waiter] = []
+        self._ask_waiters: list[tuple[threading.Thread, Waiter]] = []
         #: Requests this process asks now, each waiting for its own reply: a `poll` in
         #: another thread (an MCP server's check_inbox) leaves their replies to them.
         self.asking: set[str] = set()
@@ -254,7 +254,7 @@ class Mailbox(Consuming):
         envelope = self.envelope(self.recipient(to), type, content, metadata, reply_to, id,
                                  thread=thread, priority=priority, ack=ack,
                                  visibility=visibility, chain=chain)  # fmt: skip
-        return self.write(envelope, in_thread=in_thread)
+        return self.write(envelope, in_thread=in_thread, fresh=id is None)
 
     def write(
         self,
@@ -262,18 +262,31 @@ class Mailbox(Consuming):
         *,
         in_thread: list[Message] | None = None,
         waits: bool = False,
+        fresh: bool = False,
     ) -> Message:
         """Deliver ``envelope`` (from `envelope`) if the Gate lets it through, or hold it
         for approval (returned with no ``ts``) if the Gate says so. ``waits``: the
-        sender will wait for its answer (see `Gate.check`)."""
+        sender will wait for its answer (see `Gate.check`); ``fresh``: its id was made
+        for it (see `_deliver`)."""
         held = self.gate.check(envelope, in_thread=in_thread, waits=waits)
         if held:
             return self.gate.hold(envelope, held)
-        return self._deliver(envelope)
+        return self._deliver(envelope, fresh=fresh)
 
-    def _deliver(self, envelope: dict[str, object]) -> Message:
-        """Append an envelope the Gate passed to its recipient's inbox, and index it."""
+    def _deliver(self, envelope: dict[str, object], *, fresh: bool = False) -> Message:
+        """Append an envelope the Gate passed to its recipient's inbox, and index it.
+
+        ``fresh``: the envelope's id was made for it, never sent before: a thread it
+        starts is marked as starting here, before any message of it exists, so that a
+        look at the thread stops there (an id sent again, a retry, is not marked: the
+        look goes back further, and finds the first sending's answers too)."""
         head, tail = encode_parts(envelope, self.max_message_bytes)
+        if fresh and envelope["type"] in THREAD_STARTERS:
+            try:
+                self._store.index_start(f"thread+{envelope['id']}")
+            except MailError as exc:  # only a look at the thread is slower: send on
+                warnings.warn(f"{exc}; thread {envelope['id']} is looked up in full",
+                              RuntimeWarning, stacklevel=3)  # fmt: skip
         envelope["ts"], offset = self._store.append(str(envelope["to"]), head, tail)
         self.touch()
         message = from_envelope(envelope)
@@ -468,7 +481,7 @@ class Mailbox(Consuming):
             self._watcher.close()
             self._watcher = None
         with self._lock:
-            for waiter in self._ask_waiters:
+            for _, waiter in self._ask_waiters:
                 waiter.close()
             self._ask_waiters.clear()
             self._ask_local = threading.local()

@@ -45,7 +45,7 @@ class Consuming:
     _watcher: Waiter | None
     _lock: threading.RLock
     _ask_local: threading.local
-    _ask_waiters: list[Waiter]
+    _ask_waiters: list[tuple[threading.Thread, Waiter]]
 
     if TYPE_CHECKING:  # given by `Mailbox`
 
@@ -380,8 +380,12 @@ class Consuming:
                 return None
             if waiter is None:
                 waiter = self._ask_local.waiter = self._store.waiter([self.agent])
-                with self._lock:
-                    self._ask_waiters.append(waiter)
+                with self._lock:  # the waiters of threads that ended go: they would pile up
+                    for thread, gone in [kept for kept in self._ask_waiters
+                                         if not kept[0].is_alive()]:  # fmt: skip
+                        gone.close()
+                        self._ask_waiters.remove((thread, gone))
+                    self._ask_waiters.append((threading.current_thread(), waiter))
                 continue  # read once more: the answer may have come while it started
             waiter.wait(min(remaining, safety_poll(timeout - remaining)), stop)
 

@@ -244,7 +244,8 @@ class TeamStore(Primitives, Protocol):
 
     The records: cursors (`load_cursor`, `save_cursor`, `drop_cursor`), presence
     (`save_presence`, `load_presence`), set-aside lines (`dead_letter`, `dead_letters`),
-    indexes of lines (conversations, threads: `index_add`, `index_extend`, `index_tail`),
+    indexes of lines (conversations, threads: `index_add`, `index_extend`,
+    `index_start`, `index_tail`),
     team logs (the task log: `log_append`, `log_read`), commit times (`note_commit`,
     `consumed_at`), gc over `compact` (`collect`) and `state_where`. `Records` implements
     each over the primitives; a backend overrides one only to do it faster (the file and
@@ -284,9 +285,15 @@ class TeamStore(Primitives, Protocol):
         """`index_add` each of ``entries``, ``(agent, offset, length)``, in order: a
         broadcast's copies, in one write where the backend can."""
 
+    def index_start(self, key: str) -> None:
+        """Note that index ``key`` (a thread) begins now: nothing added before belongs
+        to it, so `index_tail` need not look further back (a backend whose indexes are
+        one per key has nothing to do)."""
+
     def index_tail(self, key: str, count: int) -> list[tuple[str, int, int]]:
         """The last ``count`` entries of index ``key``, oldest first, as
-        ``(agent, offset, length)``: O(count), whatever else the team holds."""
+        ``(agent, offset, length)``: O(count), whatever else the team holds (a thread:
+        at most what was indexed since its `index_start`)."""
 
     def log_append(self, name: str, record: bytes) -> None:
         """Append one record (a line, newline included) to the team log ``name`` (the

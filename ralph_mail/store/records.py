@@ -218,6 +218,9 @@ class Records:
         for agent, offset, length in entries:
             _put(self, f"index:{key}", codec.dumps([agent, offset, length]))
 
+    def index_start(self: Primitives, key: str) -> None:
+        """An index here is a log of its own: nothing before its first entry to skip."""
+
     def index_tail(self: Primitives, key: str, count: int) -> list[tuple[str, int, int]]:
         """The last ``count`` entries of index ``key``, oldest first, as
         ``(agent, offset, length)``: O(count), as `read_tail` is."""

@@ -61,7 +61,7 @@ def ask(
     try:
         if task is not None:  # I wait for my delegator: the task is input_required
             tasks.waiting_for_input(box, task, True)
-        request = box.write(envelope, waits=True)
+        request = box.write(envelope, waits=True, fresh=id is None)
         if not request.ts:  # held for approval: the same timeout covers the decision
             deadline = time.monotonic() + timeout
             with _awaiting_approval(box):

@@ -300,6 +300,7 @@ def give(
         metadata["context"] = context
     if deadline:
         metadata["deadline"] = deadline
+    fresh = task is None
     assignment = task.assignment if task is not None else new_id()
     envelope = box.envelope(assignee, MessageType.TASK_ASSIGNMENT, description, metadata,
                             None, assignment, priority=priority,
@@ -312,16 +313,19 @@ def give(
                     "submitted", "", now, now, assignment, held_until=hold,
                     deadline=deadline)  # fmt: skip
         box.store.log_append(LOG, created(task))
-    return task, _send_assignment(box, envelope, reason, hold)
+    return task, _send_assignment(box, envelope, reason, hold, fresh)
 
 
-def _send_assignment(box: Mailbox, envelope: dict[str, object], reason: str, hold: str) -> Message:
+def _send_assignment(
+    box: Mailbox, envelope: dict[str, object], reason: str, hold: str, fresh: bool = False
+) -> Message:
     """Deliver an assignment the Gate passed: held for approval (delivered once
-    approved), held for a sleeping assignee until ``hold``, or at once."""
+    approved), held for a sleeping assignee until ``hold``, or at once (``fresh``: its id
+    was made for it, see `Mailbox._deliver`)."""
     if reason:
         return box.gate.hold(envelope, reason)
-    if not hold:
-        return box._deliver(envelope)
+    if not hold:  # a new assignment's id is fresh: its thread starts here
+        return box._deliver(envelope, fresh=fresh)
     assignee = str(envelope["to"])
     record = {"held": envelope, "until": hold, "since": box.store.size(assignee)}
     box.store.log_append(f"{HELD}{assignee}", codec.dumps(record) + b"\n")
@@ -578,7 +582,7 @@ def reassign(box: Mailbox, task_id: str, to: str) -> Task:
     moved = load(box.store)[0][task.id]
     if moved.assignment != envelope["id"]:
         raise TaskEnded(f"{_ended(moved)}: nothing to reassign")
-    _send_assignment(box, envelope, reason, hold)
+    _send_assignment(box, envelope, reason, hold, fresh=True)
     _tell_canceled(box, task, task.assignee, task.assignment, f"reassigned to {assignee}")
     return moved
 

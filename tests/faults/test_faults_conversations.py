@@ -279,8 +279,8 @@ def log_append(name, record):
     if step == "decided" and b'"decided"' in record:
         os.kill(os.getpid(), signal.SIGKILL)
 
-def delivering(envelope):
-    sent = deliver(envelope)
+def delivering(envelope, **options):
+    sent = deliver(envelope, **options)
     if step == "delivered":
         os.kill(os.getpid(), signal.SIGKILL)
     return sent

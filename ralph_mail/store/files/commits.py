@@ -78,11 +78,11 @@ class Commits(TeamFiles):
         """The kept descriptor of the owner's commits file, and what this store knows of
         it: the last floor and time recorded, and how many records it appended."""
         key = _name(agent)
-        fd = self._indexes.get(key)
+        fd = self._state_fds.get(key)
         if fd is None or self.dirs.generation != self._generation:
             self._fresh()
             fd = open_file(key, os.O_RDWR | os.O_APPEND | os.O_CREAT, self.dirs.get("cursors"))
-            self._indexes[key] = fd
+            self._state_fds[key] = fd
             size = os.fstat(fd).st_size
             if size % _RECORD.size:  # a record cut short by a crash: only ever the last
                 size -= size % _RECORD.size
@@ -103,7 +103,7 @@ class Commits(TeamFiles):
         records = (data[k : k + _RECORD.size] for k in range(0, len(data), _RECORD.size))
         kept = [r for r in records if (c := _unpack(r)).floor > base or c.mark >= base]
         replace_file(_name(agent), b"".join(kept), self.dirs.get("cursors"))
-        os.close(self._indexes.pop(_name(agent)))  # the next commit opens the new file
+        os.close(self._state_fds.pop(_name(agent)))  # the next commit opens the new file
 
     def consumed_at(self, agent: str, offset: int, since: str) -> str | None:
         """Bisects ``cursors/AGENT.commits`` (see the module docstring)."""

@@ -569,10 +569,15 @@ class InboxLog:
             os.close(fd)
 
     def close(self) -> None:
-        if self._writer >= 0 and self._pid == os.getpid():
-            os.close(self._writer)
-        self._writer = -1
-        self.drop_reader()
+        """Close the kept descriptors (after an append under way in another thread)."""
+        if self._pid != os.getpid():  # inherited through fork: not ours to close
+            self._writer, self._reader = -1, None
+            return
+        with self._appending:
+            if self._writer >= 0:
+                os.close(self._writer)
+            self._writer = -1
+            self.drop_reader()
 
 
 def _count_lines(fd: int, length: int) -> int:

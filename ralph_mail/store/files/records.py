@@ -1,9 +1,8 @@
 """A team store's small records: presence, keyed state (with the save counter every
-process watches), rate rings, the indexes of conversations and threads, dead letters.
+process watches), rate rings, the indexes of conversations and threads (indexes.py), dead letters.
 
 Presence is a slot file (slots.py); state a file per key, replaced whole; a rate ring
-and the save counter are files mapped shared; an index is a file of fixed-width
-entries, each appended in one write.
+and the save counter are files mapped shared.
 """
 
 from __future__ import annotations
@@ -12,34 +11,17 @@ import contextlib
 import fcntl
 import mmap
 import os
-import re
 import struct
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ralph_mail.errors import StoreError
 from ralph_mail.store.base import check_key
 from ralph_mail.store.files.deadletters import DeadLetters
-from ralph_mail.store.files.posix import (
-    open_file,
-    pread_all,
-    read_file,
-    replace_file,
-    store_error,
-    write_all,
-)
+from ralph_mail.store.files.posix import open_file, read_file, replace_file, store_error
 from ralph_mail.store.files.slots import SlotFile
 from ralph_mail.store.files.team import TeamFiles
 
-#: One index entry: a magic, the inbox's agent name (NUL-padded), the line's offset and
-#: length, then a crc32 of those: 84 bytes.
-_ENTRY = struct.Struct("<2s64sqI")
-_CRC = struct.Struct("<I")
-_RECORD = _ENTRY.size + _CRC.size
-_MAGIC = b"\xa5\x5a"
-_INDEX_KEY = re.compile(r"[a-z]+\+[A-Za-z0-9_.+-]{1,140}")
 _COUNTER = struct.Struct("<Q")
 #: State and rate keys already checked: the checks stay off the send path.
 _CHECKED: set[str] = set()
@@ -104,7 +86,7 @@ class Records(TeamFiles):
         """Hold the flock of ``state/control`` for a save, and count the save there once
         it is done, so every process sees it at its next look (`state_version`)."""
         shared = self._mapped("control", 8)
-        fd = self._indexes["control"]
+        fd = self._state_fds["control"]
         with self._one_thread():
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
@@ -171,10 +153,10 @@ class Records(TeamFiles):
             return shared
         self._fresh()
         try:
-            fd = self._indexes.get(name)
+            fd = self._state_fds.get(name)
             if fd is None:
                 fd = open_file(name, os.O_RDWR | os.O_CREAT, self.dirs.get("state"))
-                self._indexes[name] = fd
+                self._state_fds[name] = fd
             if os.fstat(fd).st_size < size:
                 os.ftruncate(fd, size)  # zeros: a counter at 0, an empty ring
             if shared is not None:
@@ -200,7 +182,7 @@ class Records(TeamFiles):
                 if key not in _CHECKED:
                     _CHECKED.add(check_key(key, "rate key"))
                 ring = self._mapped(name, _RING_HEAD.size + 8 * limit)
-            fd = self._indexes[name]
+            fd = self._state_fds[name]
             with self._one_thread():
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 try:
@@ -210,60 +192,22 @@ class Records(TeamFiles):
         except OSError as exc:
             raise store_error(exc, str(self.dirs.path("state", name)), "count") from None
 
-    # -- indexes ---------------------------------------------------------------------------
-
-    def _index_fd(self, key: str) -> int:
-        if not _INDEX_KEY.fullmatch(key):
-            raise StoreError(f"invalid index key {key!r}")
-        fd = self._indexes.get(key)
-        if fd is None or self.dirs.generation != self._generation:
-            self._fresh()
-            fd = open_file(
-                f"{key}.idx", os.O_RDWR | os.O_APPEND | os.O_CREAT, self.dirs.get("index")
-            )
-            self._indexes[key] = fd
-        return fd
+    # -- indexes (indexes.py) ---------------------------------------------------------------
 
     def index_add(self, key: str, agent: str, offset: int, length: int) -> None:
-        """Append one entry (the inbox, offset, length) to ``index/KEY.idx``.
+        """Append one entry (the inbox, offset, length) to index ``key`` (see indexes.py)."""
+        self._index_files.add(key, agent, offset, length)
 
-        An entry is one fixed-width, checksummed record written with a single O_APPEND
-        write and no lock: the kernel puts each write whole at the end (an entry costs
-        about a microsecond, against four with a flock around it). A write cut short (a
-        full disk) leaves a fragment that readers step over by the checksum.
-        """
-        body = _ENTRY.pack(_MAGIC, agent.encode(), offset, length)
-        record = body + _CRC.pack(zlib.crc32(body))
-        try:
-            os.write(self._index_fd(key), record)
-        except OSError as exc:
-            raise store_error(exc, str(self.dirs.path("index", f"{key}.idx")), "write") from None
+    def index_start(self, key: str) -> None:
+        """Mark the start of thread ``key``, whose first message is about to be sent."""
+        self._index_files.start(key)
 
     def index_extend(self, key: str, entries: list[tuple[str, int, int]]) -> None:
-        """Append several entries to ``index/KEY.idx`` in one O_APPEND write (a write cut
-        short leaves whole entries and one fragment, which readers step over)."""
-        bodies = [_ENTRY.pack(_MAGIC, agent.encode(), offset, length)
-                  for agent, offset, length in entries]  # fmt: skip
-        try:
-            write_all(self._index_fd(key), b"".join(b + _CRC.pack(zlib.crc32(b)) for b in bodies))
-        except OSError as exc:
-            raise store_error(exc, str(self.dirs.path("index", f"{key}.idx")), "write") from None
+        """Append several entries to index ``key`` in one O_APPEND write (see indexes.py)."""
+        self._index_files.extend(key, entries)
 
     def index_tail(self, key: str, count: int) -> list[tuple[str, int, int]]:
-        if key not in self._indexes and not self.dirs.path("index", f"{key}.idx").exists():
-            return []  # a look makes no file (nor keeps a descriptor): only an entry does
-        try:
-            fd = self._index_fd(key)
-            size = os.fstat(fd).st_size
-            if size % _RECORD:  # a fragment somewhere: read it all and step over it
-                data = pread_all(fd, size, 0)
-            else:
-                want = min(size, count * _RECORD)
-                data = pread_all(fd, want, size - want)
-        except OSError as exc:
-            raise store_error(exc, str(self.dirs.path("index", f"{key}.idx")), "read") from None
-        entries = _entries(data)
-        return entries[-count:] if count > 0 else []
+        return self._index_files.tail(key, count)
 
     # -- dead letters ----------------------------------------------------------------------
 
@@ -274,23 +218,6 @@ class Records(TeamFiles):
     def dead_letters(self, agent: str) -> list[dict[str, Any]]:
         """Every dead letter recorded for ``agent``'s inbox, oldest first."""
         return DeadLetters(self.dirs, agent).read()
-
-
-def _entries(data: bytes) -> list[tuple[str, int, int]]:
-    """The whole, valid index entries in ``data``, in order, stepping over fragments."""
-    entries = []
-    position = 0
-    while position + _RECORD <= len(data):
-        body = data[position : position + _ENTRY.size]
-        crc = _CRC.unpack_from(data, position + _ENTRY.size)[0]
-        if body[:2] == _MAGIC and crc == zlib.crc32(body):
-            _, agent, offset, length = _ENTRY.unpack(body)
-            entries.append((agent.rstrip(b"\0").decode(), offset, length))
-            position += _RECORD
-        else:  # a fragment of a write cut short: find the next entry
-            found = data.find(_MAGIC, position + 1)
-            position = found if found >= 0 else len(data)
-    return entries
 
 
 def _take(ring: mmap.mmap, limit: int, window: float, now: float) -> float:

@@ -15,19 +15,25 @@ import mmap
 import os
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from ralph_mail.store.files.claims import Claims
 from ralph_mail.store.files.deadletters import DeadLetters
 from ralph_mail.store.files.inbox import InboxLog
+from ralph_mail.store.files.indexes import IndexFiles
 from ralph_mail.store.files.layout import TeamDirs, log_place
 from ralph_mail.store.files.posix import open_file, read_file, replace_file, store_error
 from ralph_mail.store.files.slots import SlotFile
 
 if TYPE_CHECKING:
     from ralph_mail.store.search import SearchIndex
+
+#: How many inbox and channel logs one store keeps open (two descriptors each at most);
+#: the least recently used is closed first, so a lead of many agents holds a few dozen.
+LOGS_KEPT: Final = 16
 
 
 class TeamFiles:
@@ -41,10 +47,12 @@ class TeamFiles:
         self.team = team
         self.durable = durable
         self.dirs = TeamDirs(home, team)
-        self._logs: dict[str, InboxLog] = {}
+        self._logs: OrderedDict[str, InboxLog] = OrderedDict()  # the last used, last
+        self._logs_lock = threading.Lock()
         self._cursors: dict[str, SlotFile] = {}
         self._claims = Claims(self.dirs, team)
-        self._indexes: dict[str, int] = {}
+        self._state_fds: dict[str, int] = {}  # small files kept: state (control, rates), commits
+        self._index_files = IndexFiles(self.dirs)
         self._maps: dict[str, mmap.mmap] = {}  # state files shared through mmap
         self._versions: dict[str, tuple[int, float, tuple[int, ...] | None]] = {}
         self._search: SearchIndex | None = None
@@ -96,9 +104,17 @@ class TeamFiles:
             raise store_error(exc, where, "rewrite") from None
 
     def _log(self, agent: str) -> InboxLog:
-        log = self._logs.get(agent)
-        if log is None:
+        """The log of ``agent``'s inbox (or ``#NAME``), its descriptors kept open for the
+        next call: `LOGS_KEPT` logs at most, the least recently used closed first."""
+        with self._logs_lock:
+            log = self._logs.get(agent)
+            if log is not None:
+                self._logs.move_to_end(agent)
+                return log
             log = self._logs[agent] = InboxLog(self.dirs, agent, DeadLetters(self.dirs, agent))
+            evicted = self._logs.popitem(last=False)[1] if len(self._logs) > LOGS_KEPT else None
+        if evicted is not None:
+            evicted.close()
         return log
 
     def _one_thread(self) -> threading.Lock:
@@ -116,7 +132,7 @@ class TeamFiles:
         for slots in self._cursors.values():
             slots.close()
         self._cursors.clear()
-        _close_indexes(self._indexes, self._maps)
+        _close_state(self._state_fds, self._maps)
         self._versions.clear()
         for slots in self._presence.values():
             slots.close()
@@ -141,7 +157,8 @@ class TeamFiles:
         """What the store keeps open, as `_close_all` takes it (the same objects for the
         life of the store: they are emptied and filled, never replaced)."""
         slots = {"cursors": self._cursors, "presence": self._presence}
-        return (self._logs, slots, self._claims, self._indexes, self._maps, self.dirs)
+        return (self._logs, slots, self._claims, self._index_files, self._state_fds, self._maps,
+                self.dirs)  # fmt: skip
 
     def close(self) -> None:
         """Close every kept descriptor and give up claims (those inherited through fork
@@ -156,7 +173,8 @@ def _close_all(
     logs: dict[str, InboxLog],
     slot_files: dict[str, dict[str, SlotFile]],
     claims: Claims,
-    indexes: dict[str, int],
+    index_files: IndexFiles,
+    state_fds: dict[str, int],
     maps: dict[str, mmap.mmap],
     dirs: TeamDirs,
 ) -> None:
@@ -169,16 +187,17 @@ def _close_all(
         for slots in kept.values():
             slots.close()
         kept.clear()
-    _close_indexes(indexes, maps)
+    index_files.close()
+    _close_state(state_fds, maps)
     dirs.close()
 
 
-def _close_indexes(indexes: dict[str, int], maps: dict[str, mmap.mmap]) -> None:
+def _close_state(state_fds: dict[str, int], maps: dict[str, mmap.mmap]) -> None:
     for shared in maps.values():
         with contextlib.suppress(BufferError, ValueError):
             shared.close()
     maps.clear()
-    for fd in indexes.values():
+    for fd in state_fds.values():
         with contextlib.suppress(OSError):
             os.close(fd)
-    indexes.clear()
+    state_fds.clear()

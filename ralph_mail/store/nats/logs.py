@@ -304,6 +304,9 @@ class Logs(Bucket):
         for agent, offset, length in entries:
             self.index_add(key, agent, offset, length)
 
+    def index_start(self, key: str) -> None:
+        """An index is a subject of its own here: nothing before its first entry to skip."""
+
     def _drain(self, subject: str) -> None:
         """Write the queued index entries of ``subject``, all there are in one message.
         An index is not a log: its messages carry no offsets, so writers need not take
