@@ -310,6 +310,26 @@ def encode_parts(envelope: dict[str, Any], max_bytes: int) -> tuple[bytes, bytes
     return line[:cut], line[cut + len(TS_PLACEHOLDER) :]
 
 
+def fit_text(text: str, max_bytes: int) -> str:
+    """The longest start of ``text`` that takes at most ``max_bytes`` as a JSON string's
+    content on the wire: a quote, a backslash or a control character costs two bytes or
+    more there, so a body under the limit raw can be over it encoded.
+
+    >>> fit_text('say "hi"', 6)
+    'say '
+    """
+    if len(codec.dumps(text)) - 2 <= max_bytes:
+        return text
+    low, high = 0, min(len(text), max_bytes)  # a character costs a byte at least
+    while low < high:  # a few dozen encodings of the body at most, on a rare path
+        middle = (low + high + 1) // 2
+        if len(codec.dumps(text[:middle])) - 2 <= max_bytes:
+            low = middle
+        else:
+            high = middle - 1
+    return text[:low]
+
+
 def last_ts(data: bytes) -> str | None:
     """The ts of the last line in ``data`` (None when it has none).
 

@@ -57,7 +57,7 @@ from ralph_mail.bus import MessageBus
 from ralph_mail.children import Child, communicate, end, spawn
 from ralph_mail.errors import BudgetExceeded, InvalidMessage, MailError, RefusedByRules, TaskEnded
 from ralph_mail.govern import presence, tasklog
-from ralph_mail.message import Message, MessageType, parse_ts
+from ralph_mail.message import Message, MessageType, fit_text, parse_ts
 from ralph_mail.store.base import StopEvent, Waiter
 
 #: What starts a run, by message type, and the pattern its child is told.
@@ -542,10 +542,11 @@ class Runner:
         if claude is not None:
             if claude.error:
                 return Outcome(error=claude.error, status="exit 0, is_error", spent=spent)
-            return Outcome(output=claude.answer, spent=spent)
+            text = claude.answer
         text = text[:-1] if text.endswith("\n") and not cut else text
-        if cut:
-            text += f"\n[output cut at {limit:,} bytes: the message limit]"
+        kept = fit_text(text, limit)  # by its size on the wire, where quotes count twice
+        if cut or len(kept) < len(text):
+            text = f"{kept}\n[output cut at {len(kept.encode()):,} bytes: the message limit]"
         return Outcome(output=text, spent=spent)
 
     def _history(self, bus: MessageBus, message: Message) -> list[Message]:
