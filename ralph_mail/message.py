@@ -240,9 +240,19 @@ def check_chain(value: object) -> tuple[str, ...]:
     return tuple(check_name(name, "agent name in the chain") for name in value)
 
 
+#: Fresh ids drawn ahead, 64 from one system call (a child after fork draws its own).
+_FRESH: list[str] = []
+os.register_at_fork(after_in_child=_FRESH.clear)
+
+
 def new_id() -> str:
     """A fresh random message id: 12 lowercase hex characters (48 random bits)."""
-    return os.urandom(6).hex()
+    try:
+        return _FRESH.pop()  # atomic: two threads never get the same id
+    except IndexError:
+        drawn = os.urandom(6 * 64).hex()
+        _FRESH.extend(drawn[at : at + 12] for at in range(0, len(drawn), 12))
+        return _FRESH.pop()
 
 
 _ts_second = -1

@@ -111,6 +111,7 @@ class Mailbox(Consuming):
         self._team = load_team(team, home, backend=backend)
         self._team.member(agent)
         self._members = frozenset(self._team.names)
+        self._pairs: dict[tuple[str, str], str] = {}  # (sender, recipient): their index
         self._store = self._team.store
         self._store.durable = settings.durable(durable)
         self.max_message_bytes = settings.max_message_bytes(max_message_bytes)
@@ -289,11 +290,10 @@ class Mailbox(Consuming):
                               RuntimeWarning, stacklevel=3)  # fmt: skip
         envelope["ts"], offset = self._store.append(str(envelope["to"]), head, tail)
         self.touch()
-        message = from_envelope(envelope)
-        self._index(message, offset, len(head) + len(TS_PLACEHOLDER) + len(tail))
-        return message
+        self._index(envelope, offset, len(head) + len(TS_PLACEHOLDER) + len(tail))
+        return from_envelope(envelope)
 
-    def _index(self, message: Message, offset: int, length: int) -> None:
+    def _index(self, envelope: dict[str, object], offset: int, length: int) -> None:
         """Note where a direct message is, for `history`, `thread` and the Gate.
 
         After the append, not under its lock: a process killed in between, or an index
@@ -301,17 +301,22 @@ class Mailbox(Consuming):
         (never the other way round).
         """
         # (The sender, not me: an approver releasing a held message delivers it for it.)
-        sender, recipient = message.from_agent, message.to_agent
+        sender, recipient = str(envelope["from"]), str(envelope["to"])
+        pair = self._pairs.get((sender, recipient))
+        if pair is None:
+            pair = self._pairs[sender, recipient] = pair_key(sender, recipient)
+        kind = envelope["type"]
         try:
-            self._store.index_add(pair_key(sender, recipient), recipient, offset, length)
-            if message.thread != message.id or message.type in THREAD_STARTERS:
-                self._store.index_add(f"thread+{message.thread}", recipient, offset, length)
-            if message.ack:  # for pending_acks: what the sender asked to be acknowledged
+            self._store.index_add(pair, recipient, offset, length)
+            if "thread" in envelope or kind in THREAD_STARTERS:
+                thread = envelope.get("thread", envelope["id"])
+                self._store.index_add(f"thread+{thread}", recipient, offset, length)
+            if "ack" in envelope:  # for pending_acks: what the sender asked to be acknowledged
                 self._store.index_add(f"acks+{sender}", recipient, offset, length)
-            if message.type == MessageType.ACK:  # and what answered it, for its sender
+            if kind == MessageType.ACK:  # and what answered it, for its sender
                 self._store.index_add(f"acked+{recipient}", recipient, offset, length)
         except MailError as exc:  # the message is delivered: a send that returned stays so
-            warnings.warn(f"{exc}; message {message.id} is missing from history",
+            warnings.warn(f"{exc}; message {envelope['id']} is missing from history",
                           RuntimeWarning, stacklevel=4)  # fmt: skip
 
     def _index_copies(self, envelope: dict[str, object], copies: list[tuple[str, int]],

@@ -48,6 +48,7 @@ from ralph_mail.store.files.archive import Archive
 from ralph_mail.store.files.layout import TeamDirs, log_place
 from ralph_mail.store.files.posix import (
     copy_range,
+    my_pid,
     open_file,
     pread_all,
     store_error,
@@ -117,7 +118,7 @@ class InboxLog:
         self.where, self.name = log_place(agent)
         self.path = dirs.path(self.where, self.name)
         self._dead_letter = dead_letter
-        self._pid = os.getpid()
+        self._pid = my_pid()
         self._writer = -1
         self._writer_base = 0  # the base of the inode the writer has open
         self._writer_ts = ""  # the inbox's last ts when gc made that inode
@@ -220,10 +221,10 @@ class InboxLog:
     def _lock(self) -> int:
         """Lock a descriptor whose inode is still the linked inbox; return the size."""
         while True:
-            if self._writer < 0 or self._pid != os.getpid():
+            if self._writer < 0 or self._pid != my_pid():
                 self._writer, self._pid, self._end = (
                     self._open(os.O_RDWR | os.O_APPEND),
-                    os.getpid(),
+                    my_pid(),
                     -1,
                 )
                 # A linked inode's record never changes (gc makes a new inode): read it once.
@@ -242,14 +243,25 @@ class InboxLog:
     def append(self, head: bytes, tail: bytes, durable: bool) -> tuple[str, int]:
         """Append ``head + ts + tail``; return the ts and the line's logical offset.
         One thread at a time: see ``_appending``."""
-        if self._pid != os.getpid():  # forked while another thread held it: a new one
+        if self._pid != my_pid():  # forked while another thread held it: a new one
             self._appending = threading.Lock()
         with self._appending:
             return self._append(head, tail, durable)
 
     def _append(self, head: bytes, tail: bytes, durable: bool) -> tuple[str, int]:
-        size = self._lock()
         fd = self._writer
+        if fd >= 0 and self._pid == my_pid():  # the common case of `_lock`, inline
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            status = os.fstat(fd)
+            if status.st_nlink:
+                size = status.st_size
+            else:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                size = self._lock()
+                fd = self._writer
+        else:
+            size = self._lock()
+            fd = self._writer
         try:
             if size != self._end:  # another process wrote since our last append
                 size = self._probe_tail(fd, size, durable)
@@ -570,7 +582,7 @@ class InboxLog:
 
     def close(self) -> None:
         """Close the kept descriptors (after an append under way in another thread)."""
-        if self._pid != os.getpid():  # inherited through fork: not ours to close
+        if self._pid != my_pid():  # inherited through fork: not ours to close
             self._writer, self._reader = -1, None
             return
         with self._appending:

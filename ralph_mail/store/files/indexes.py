@@ -34,7 +34,7 @@ from typing import Final
 
 from ralph_mail.errors import StoreError
 from ralph_mail.store.files.layout import TeamDirs
-from ralph_mail.store.files.posix import open_file, pread_all, store_error, write_all
+from ralph_mail.store.files.posix import my_pid, open_file, pread_all, store_error, write_all
 
 #: How many index files one store keeps open at once (least recently used closed first).
 KEPT: Final = 8
@@ -52,6 +52,9 @@ _RECORD = _ENTRY.size + _CRC.size
 _THREAD_ENTRY = struct.Struct("<2s16s64sqI")
 _THREAD_RECORD = _THREAD_ENTRY.size + _CRC.size
 _THREAD_ID = 16
+_POSITION = struct.Struct("<qI")  # an entry's end: the line's offset and length
+#: How many (index, inbox) heads `IndexFiles.add` keeps packed before it starts again.
+_HEADS_KEPT = 256
 _INDEX_KEY = re.compile(r"[a-z]+\+[A-Za-z0-9_.+-]{1,140}")
 #: Entries a backward look at a thread reads first; each further read takes four times more.
 _FIRST_LOOK = 32
@@ -66,8 +69,9 @@ class IndexFiles:
     def __init__(self, dirs: TeamDirs) -> None:
         self.dirs = dirs
         self._fds: OrderedDict[str, int] = OrderedDict()
+        self._heads: dict[tuple[str, str], tuple[str, bytes]] = {}  # (key, inbox): file, head
         self._generation = dirs.generation
-        self._pid = os.getpid()
+        self._pid = my_pid()
         # A descriptor is used and closed under this lock: a thread never writes to a
         # descriptor another thread closed (or that was reused for another file).
         self._lock = threading.Lock()
@@ -76,12 +80,19 @@ class IndexFiles:
 
     def add(self, key: str, agent: str, offset: int, length: int) -> None:
         """Append one entry to index ``key``: the line at ``offset`` of ``agent``'s inbox."""
-        name, thread = _file_of(key)
-        if thread is None:
-            body = _ENTRY.pack(_MAGIC, agent.encode(), offset, length)
-        else:
-            body = _THREAD_ENTRY.pack(_MAGIC, thread, agent.encode(), offset, length)
-        self._write(name, body + _CRC.pack(zlib.crc32(body)))
+        where = self._heads.get((key, agent))
+        if where is None:  # checked and packed once per index and inbox: a send is hot
+            name, thread = _file_of(key)
+            if thread is None:
+                head = _ENTRY.pack(_MAGIC, agent.encode(), 0, 0)[: -_POSITION.size]
+            else:
+                head = _THREAD_ENTRY.pack(_MAGIC, thread, agent.encode(), 0, 0)
+                head = head[: -_POSITION.size]
+            if len(self._heads) >= _HEADS_KEPT:
+                self._heads.clear()
+            where = self._heads[key, agent] = (name, head)
+        body = where[1] + _POSITION.pack(offset, length)
+        self._write(where[0], body + _CRC.pack(zlib.crc32(body)))
 
     def extend(self, key: str, entries: list[tuple[str, int, int]]) -> None:
         """Append ``entries`` to index ``key`` in one write (a broadcast's copies): a write
@@ -108,7 +119,12 @@ class IndexFiles:
     def _write(self, name: str, record: bytes) -> None:
         try:
             with self._lock:
-                write_all(self._fd(name), record)
+                fd = self._fds.get(name)
+                if fd is None or self._generation != self.dirs.generation or self._pid != my_pid():
+                    fd = self._fd(name)
+                else:
+                    self._fds.move_to_end(name)
+                write_all(fd, record)
         except OSError as exc:
             raise store_error(exc, str(self.dirs.path("index", name)), "write") from None
 
@@ -135,7 +151,7 @@ class IndexFiles:
 
     def _fd(self, name: str) -> int:
         """A kept descriptor on ``index/NAME`` (under ``_lock``), opened when missing."""
-        if self._generation != self.dirs.generation or self._pid != os.getpid():
+        if self._generation != self.dirs.generation or self._pid != my_pid():
             self._forget()
         fd = self._fds.get(name)
         if fd is not None:
@@ -149,11 +165,11 @@ class IndexFiles:
 
     def _forget(self) -> None:
         """Drop descriptors of an older team (or inherited through fork: not ours to close)."""
-        if self._pid == os.getpid():
+        if self._pid == my_pid():
             for fd in self._fds.values():
                 os.close(fd)
         self._fds.clear()
-        self._generation, self._pid = self.dirs.generation, os.getpid()
+        self._generation, self._pid = self.dirs.generation, my_pid()
 
     def kept(self) -> int:
         """How many descriptors are open now (at most `KEPT`)."""
@@ -161,7 +177,7 @@ class IndexFiles:
 
     def close(self) -> None:
         with self._lock:
-            if self._pid == os.getpid():
+            if self._pid == my_pid():
                 for fd in self._fds.values():
                     os.close(fd)
             self._fds.clear()

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from ralph_mail.errors import StoreError, TeamNotFound
 from ralph_mail.store.files.posix import (
+    my_pid,
     open_dir,
     open_file,
     read_file,
@@ -101,7 +102,7 @@ class TeamDirs:
         self.root = teams_dir(home) / team
         self._root_fd = -1
         self._fds: dict[str, int] = {}
-        self._pid = os.getpid()
+        self._pid = my_pid()
         #: Counts reopenings: what was opened through an older generation is stale.
         self.generation = 0
 
@@ -111,8 +112,8 @@ class TeamDirs:
 
     def root_fd(self) -> int:
         """The team directory; `TeamNotFound` when it is gone."""
-        if self._pid != os.getpid():  # descriptors inherited through fork: our own copies
-            self._fds, self._root_fd, self._pid = {}, -1, os.getpid()
+        if self._pid != my_pid():  # descriptors inherited through fork: our own copies
+            self._fds, self._root_fd, self._pid = {}, -1, my_pid()
         if self._root_fd < 0:
             try:
                 self._root_fd = open_dir(str(self.root))
@@ -125,7 +126,7 @@ class TeamDirs:
     def get(self, name: str, *, create: bool = True) -> int:
         """The directory ``name`` of the team (made 0700 when missing and ``create``)."""
         fd = self._fds.get(name)
-        if fd is not None and self._pid == os.getpid():
+        if fd is not None and self._pid == my_pid():
             return fd
         root = self.root_fd()
         try:
@@ -163,12 +164,12 @@ class TeamDirs:
         self.generation += 1
 
     def close(self) -> None:
-        if self._pid == os.getpid():
+        if self._pid == my_pid():
             for fd in self._fds.values():
                 os.close(fd)
             if self._root_fd >= 0:
                 os.close(self._root_fd)
-        self._fds, self._root_fd, self._pid = {}, -1, os.getpid()
+        self._fds, self._root_fd, self._pid = {}, -1, my_pid()
 
 
 def create_team_files(home: Path, name: str, agents: list[str], roster: bytes) -> None:

@@ -25,7 +25,13 @@ from ralph_mail.store.files.deadletters import DeadLetters
 from ralph_mail.store.files.inbox import InboxLog
 from ralph_mail.store.files.indexes import IndexFiles
 from ralph_mail.store.files.layout import TeamDirs, log_place
-from ralph_mail.store.files.posix import open_file, read_file, replace_file, store_error
+from ralph_mail.store.files.posix import (
+    my_pid,
+    open_file,
+    read_file,
+    replace_file,
+    store_error,
+)
 from ralph_mail.store.files.slots import SlotFile
 
 if TYPE_CHECKING:
@@ -62,7 +68,7 @@ class TeamFiles:
         self._generation = 0
         # Held around each flock taken on a descriptor this store shares between threads
         # (the state's control file, rate rings): flock excludes other processes only.
-        self._threads, self._threads_pid = threading.Lock(), os.getpid()
+        self._threads, self._threads_pid = threading.Lock(), my_pid()
         # A store dropped without close() still gives its descriptors back when collected.
         weakref.finalize(self, _close_all, *self._kept())
 
@@ -106,10 +112,16 @@ class TeamFiles:
     def _log(self, agent: str) -> InboxLog:
         """The log of ``agent``'s inbox (or ``#NAME``), its descriptors kept open for the
         next call: `LOGS_KEPT` logs at most, the least recently used closed first."""
+        log = self._logs.get(agent)
+        if log is not None:
+            try:
+                self._logs.move_to_end(agent)  # atomic, as the get: no lock on this path
+                return log
+            except KeyError:  # another thread closed it just now: open it again below
+                pass
         with self._logs_lock:
-            log = self._logs.get(agent)
+            log = self._logs.get(agent)  # another thread may have opened it meanwhile
             if log is not None:
-                self._logs.move_to_end(agent)
                 return log
             log = self._logs[agent] = InboxLog(self.dirs, agent, DeadLetters(self.dirs, agent))
             evicted = self._logs.popitem(last=False)[1] if len(self._logs) > LOGS_KEPT else None
@@ -119,8 +131,8 @@ class TeamFiles:
 
     def _one_thread(self) -> threading.Lock:
         """The lock of `_threads` (a new one in a child forked while a thread held it)."""
-        if self._threads_pid != os.getpid():
-            self._threads, self._threads_pid = threading.Lock(), os.getpid()
+        if self._threads_pid != my_pid():
+            self._threads, self._threads_pid = threading.Lock(), my_pid()
         return self._threads
 
     def _fresh(self) -> None:
