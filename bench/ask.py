@@ -1,6 +1,7 @@
 """Ask round trip across processes: ``bus.ask`` in this process, answered by a replier in
-another (wait for the request, reply), against the floor a user would compare it with:
-a ping-pong over two pipes between the same two kinds of process.
+another (wait for the request, reply), against the floors a user would compare it with:
+a ping-pong over two pipes between the same two kinds of process, and the floor of a
+file mailbox: each process appends a line to the other's file and wakes on inotify.
 
 Both sides run in the same repetition, one after the other, so outside load hits them
 alike. The figure is one whole exchange as an agent sees it: the request written, the
@@ -50,6 +51,71 @@ while True:
 """
 
 
+INOTIFY_ECHO: Final = """
+import ctypes, os, select, sys
+inbox, outbox = sys.argv[1], sys.argv[2]
+libc = ctypes.CDLL(None, use_errno=True)
+watch = libc.inotify_init1(os.O_CLOEXEC)
+if watch < 0 or libc.inotify_add_watch(watch, inbox.encode(), 0x2) < 0:  # IN_MODIFY
+    raise OSError(ctypes.get_errno(), "inotify setup failed")
+reader = os.open(inbox, os.O_RDONLY)
+writer = os.open(outbox, os.O_WRONLY | os.O_APPEND)
+poller = select.poll()
+poller.register(watch, select.POLLIN)
+print("ready", flush=True)
+while True:
+    poller.poll()
+    os.read(watch, 4096)  # the events are a hint: read what is new
+    line = os.read(reader, 65536)
+    if line == b"stop\\n":
+        break
+    if line:
+        os.write(writer, line)
+"""
+
+
+def _inotify_round_trips(ws: Workspace, count: int) -> list[float]:
+    """Microseconds per round trip of one JSON line through two files, each process
+    appending to the other's and woken by inotify on its own: the floor of a file
+    mailbox, with no lock, no encoding and no parsing."""
+    import ctypes
+    import select
+
+    d = ws.fresh("inotify-pingpong")
+    mine, theirs = d / "asker.jsonl", d / "replier.jsonl"
+    for path in (mine, theirs):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    libc = ctypes.CDLL(None, use_errno=True)
+    watch = libc.inotify_init1(os.O_CLOEXEC)
+    if watch < 0 or libc.inotify_add_watch(watch, str(mine).encode(), 0x2) < 0:
+        raise OSError(ctypes.get_errno(), "inotify setup failed")
+    reader = os.open(mine, os.O_RDONLY)
+    writer = os.open(theirs, os.O_WRONLY | os.O_APPEND)
+    poller = select.poll()
+    poller.register(watch, select.POLLIN)
+    child = subprocess.Popen([sys.executable, "-c", INOTIFY_ECHO, str(theirs), str(mine)],
+                             stdout=subprocess.PIPE)  # fmt: skip
+    line = ws.line()
+    times = []
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+        for _ in range(count):
+            t0 = time.perf_counter()
+            os.write(writer, line)
+            got = b""
+            while not got:
+                poller.poll()
+                os.read(watch, 4096)
+                got = os.read(reader, 65536)
+            times.append((time.perf_counter() - t0) * 1e6)
+    finally:
+        os.write(writer, b"stop\n")
+        child.wait(timeout=30)
+        for fd in (reader, writer, watch):
+            os.close(fd)
+    return times
+
+
 def _pipe_round_trips(count: int) -> list[float]:
     """Microseconds per round trip of 16 bytes through an echoing child."""
     to_child_r, to_child_w = os.pipe()
@@ -80,6 +146,8 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
     rm = ralph()
     pipe = sec.add(Row("pipe_pingpong", "pipe ping-pong between two Python processes",
                        "µs", "lower", extra={"p99_us": []}))  # fmt: skip
+    floor = sec.add(Row("inotify_pingpong", "file ping-pong: append + inotify wake, two "
+                        "Python processes", "µs", "lower", extra={"p99_us": []}))  # fmt: skip
     ask = sec.add(Row("ask_roundtrip", "bus.ask -> reply from another process (p50)", "µs",
                       "lower", anchor=pipe.key, status="ok" if not isinstance(rm, str) else rm,
                       extra={"p99_us": []}))  # fmt: skip
@@ -88,6 +156,9 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
         times = _pipe_round_trips(count)
         pipe.values.append(percentile(times, 50))
         pipe.extra["p99_us"].append(percentile(times, 99))
+        times = _inotify_round_trips(ws, count)
+        floor.values.append(percentile(times, 50))
+        floor.extra["p99_us"].append(percentile(times, 99))
         if isinstance(rm, str):
             continue
         home = ws.fresh("ask")

@@ -172,8 +172,10 @@ def presence_of(team: Team, agent: str, now: float | None = None) -> tuple[str, 
         return "offline", found["last_seen"], ""  # stopped cleanly, nothing active since
     timeout = settings.team_setting("presence_timeout", dict(team.config))
     recent = format_ts(int((now - timeout) * 1_000_000))
-    online = team.store.consumer(agent) is not None or found["last_seen"] >= recent
-    if not online or (not found["last_seen"] and team.store.consumer(agent) is None):
+    # Active within the timeout is enough: the claim is looked at (a file opened and
+    # locked, on every ask) only for an agent that has not been active lately.
+    online = found["last_seen"] >= recent or team.store.consumer(agent) is not None
+    if not online:
         return "offline", found["last_seen"], ""
     state = found["state"] if found["state"] in STATES and found["state"] != "sleeping" else "idle"
     return state, found["last_seen"], ""

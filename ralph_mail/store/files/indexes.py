@@ -138,9 +138,9 @@ class IndexFiles:
             return []
         try:
             with self._lock:
-                if name not in self._fds and not self.dirs.path("index", name).exists():
+                fd = self._fd(name, create=False)
+                if fd < 0:
                     return []  # a look makes no file (nor keeps a descriptor): an entry does
-                fd = self._fd(name)
                 if thread is None:
                     return _tail(fd, count)
                 return _thread_tail(fd, thread, count)
@@ -149,15 +149,22 @@ class IndexFiles:
 
     # -- descriptors -----------------------------------------------------------------------
 
-    def _fd(self, name: str) -> int:
-        """A kept descriptor on ``index/NAME`` (under ``_lock``), opened when missing."""
+    def _fd(self, name: str, *, create: bool = True) -> int:
+        """A kept descriptor on ``index/NAME`` (under ``_lock``), opened when missing;
+        -1 when there is no such file and not ``create``."""
         if self._generation != self.dirs.generation or self._pid != my_pid():
             self._forget()
         fd = self._fds.get(name)
         if fd is not None:
             self._fds.move_to_end(name)
             return fd
-        fd = open_file(name, os.O_RDWR | os.O_APPEND | os.O_CREAT, self.dirs.get("index"))
+        flags = os.O_RDWR | os.O_APPEND | (os.O_CREAT if create else 0)
+        try:
+            fd = open_file(name, flags, self.dirs.get("index"))
+        except FileNotFoundError:
+            if create:
+                raise
+            return -1
         self._fds[name] = fd
         while len(self._fds) > KEPT:
             os.close(self._fds.popitem(last=False)[1])
