@@ -27,7 +27,7 @@ from bench.common import REPO_ROOT, SIZES, Section, Sizes, Workspace, log
 SECTIONS = (
     "send", "writers", "read", "wakeup", "ask", "conversation", "receipts", "search",
     "channels", "mcp_server", "dashboard", "nats_backend", "cli", "fanout", "scale", "members",
-    "serve",
+    "serve", "hotpath",
 )  # fmt: skip
 DEFAULT_OUT = REPO_ROOT / "bench" / "out"
 

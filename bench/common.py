@@ -57,7 +57,9 @@ class Sizes:
     under; ``history_runs`` calls of ``history`` timed; ``tree_tasks`` and
     ``tree_events`` the size of the task log ``tasks`` folds; ``search_n`` the messages
     searched; ``run_samples`` asks answered by ``ralph-mail run``; ``turn_agents``
-    runners mentioned in one post, ``turn_posts`` times.
+    runners mentioned in one post, ``turn_posts`` times; ``growth_small`` and
+    ``growth_big`` the messages of a team's history, ``growth_threads`` its threads, for
+    the cost of send and ask as history grows; ``rss_asks`` asks through a long-lived pair.
     """
 
     name: str
@@ -90,6 +92,10 @@ class Sizes:
     run_samples: int
     turn_agents: int
     turn_posts: int
+    growth_small: int
+    growth_big: int
+    growth_threads: int
+    rss_asks: int
 
 
 SIZES: Final[dict[str, Sizes]] = {
@@ -124,6 +130,10 @@ SIZES: Final[dict[str, Sizes]] = {
         run_samples=200,
         turn_agents=10,
         turn_posts=10,
+        growth_small=1_000,
+        growth_big=1_000_000,
+        growth_threads=10_000,
+        rss_asks=100_000,
     ),
     "quick": Sizes(
         name="quick",
@@ -156,6 +166,10 @@ SIZES: Final[dict[str, Sizes]] = {
         run_samples=50,
         turn_agents=10,
         turn_posts=3,
+        growth_small=1_000,
+        growth_big=100_000,
+        growth_threads=2_000,
+        rss_asks=10_000,
     ),
     "smoke": Sizes(
         name="smoke",
@@ -188,6 +202,10 @@ SIZES: Final[dict[str, Sizes]] = {
         run_samples=3,
         turn_agents=3,
         turn_posts=1,
+        growth_small=100,
+        growth_big=1_000,
+        growth_threads=20,
+        rss_asks=300,
     ),
 }
 

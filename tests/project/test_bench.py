@@ -21,7 +21,7 @@ from tests.helpers import REPO
 SECTIONS = {
     "send", "writers", "read", "wakeup", "ask", "conversation", "receipts", "search",
     "channels", "mcp_server", "dashboard", "nats_backend", "cli", "fanout", "scale", "members",
-    "serve",
+    "serve", "hotpath",
 }  # fmt: skip
 TARGETS = {
     "nats_send",
@@ -51,6 +51,10 @@ TARGETS = {
     "poll_vs_raw",
     "poll_backlog",
     "ask_vs_pipe",
+    "ask_vs_file_floor",
+    "send_flat",
+    "ask_flat",
+    "rss_flat",
     "ask_p50",
     "ask_p99",
     "ask_vs_agent_mail",
