@@ -395,6 +395,17 @@ def targets(secs: Sections) -> list[Target]:
         "{r:.2f}x",
     )
 
+    add_ratio(
+        "thread_buried",
+        "thread(X) buried under many others vs under few",
+        row(conversation, "thread_big"),
+        row(conversation, "thread_small"),
+        "≤ 1.5x",
+        time_ratio,
+        lambda r: r <= 1.5,
+        "{r:.2f}x",
+    )
+
     def add_limit(key: str, fig: Row | None, target: str, ok: Callable[[float], bool],
                   anchor: str = "—", note: str = "") -> None:  # fmt: skip
         """A target on a row's median alone (no ratio)."""

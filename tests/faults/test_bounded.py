@@ -9,6 +9,7 @@ import resource
 import subprocess
 import sys
 import threading
+import zlib
 from pathlib import Path
 
 import pytest
@@ -236,7 +237,7 @@ def test_a_thread_started_with_a_fresh_id_is_marked(team: Team, kind: str) -> No
         lead.send("worker-1", kind, "go") if kind == "request" else lead.delegate("worker-1", "go")
     )
     thread_id = message.id if kind == "request" else message.assignment  # type: ignore[union-attr]
-    name = f"threads.{__import__('zlib').crc32(thread_id.encode()) % THREAD_BUCKETS:02d}.idx"
+    name = f"threads.{zlib.crc32(thread_id.encode()) % THREAD_BUCKETS:02x}.idx"
     data = (team.home / "teams/demo/index" / name).read_bytes()
     assert data.count(thread_id.encode()) == 2  # the mark, then the entry
     lead.close()

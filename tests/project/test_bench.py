@@ -60,6 +60,7 @@ TARGETS = {
     "ask_vs_agent_mail",
     "history_buried",
     "receipt_flat",
+    "thread_buried",
     "tasks_tree",
     "search_p50",
     "search_rate",

@@ -11,7 +11,7 @@ grow with the number of threads:
 - ``index/<key>.idx``: one per conversation (``pair+A+B``) and per agent's
   acknowledgements (``acks+A``, ``acked+A``): as many as the team has pairs. An entry is
   the inbox's agent, the line's offset and length: `index_tail` reads the last ``count``.
-- ``index/threads.<nn>.idx``: the threads, `THREAD_BUCKETS` files shared by hash of
+- ``index/threads.<xx>.idx``: the threads, `THREAD_BUCKETS` files shared by hash of
   the thread's id; an entry also names its thread. A thread whose first message had a
   fresh id starts with a *start mark* (`IndexFiles.start`), written before that message,
   so before any entry of the thread: a look at the thread reads the bucket backwards
@@ -39,7 +39,7 @@ from ralph_mail.store.files.posix import my_pid, open_file, pread_all, store_err
 #: How many index files one store keeps open at once (least recently used closed first).
 KEPT: Final = 8
 #: How many files the threads of a team share.
-THREAD_BUCKETS: Final = 64
+THREAD_BUCKETS: Final = 256
 
 _MAGIC = b"\xa5\x5a"
 _CRC = struct.Struct("<I")
@@ -201,7 +201,7 @@ def _file_of(key: str) -> tuple[str, bytes | None]:
     thread = rest.encode()
     if len(thread) > _THREAD_ID:
         raise StoreError(f"invalid index key {key!r}: a thread id has at most {_THREAD_ID} bytes")
-    return f"threads.{zlib.crc32(thread) % THREAD_BUCKETS:02d}.idx", thread
+    return f"threads.{zlib.crc32(thread) % THREAD_BUCKETS:02x}.idx", thread
 
 
 def _tail(fd: int, count: int) -> list[Entry]:

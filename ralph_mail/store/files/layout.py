@@ -15,7 +15,7 @@ Layout of one team (``$RALPH_HOME/teams/<team>/``)::
                                when gc compacted it (a slot file)
     state/<key>.json           small keyed state (the lead's handled ids, ...)
     index/<key>.idx            where the lines of a conversation are (indexes.py)
-    index/threads.<nn>.idx     where the lines of the threads are: a fixed set of files
+    index/threads.<xx>.idx     where the lines of the threads are: a fixed set of files
     logs/<name>.jsonl          team logs, append-only: tasks.jsonl, the task tree
     tmp/                       gc's copies of inboxes, renamed over them when whole
     bells/<key>/<pid>-<rand>   the doorbell (a FIFO) of a process waiting on log <key>,
