@@ -5,7 +5,8 @@ the memory and descriptors of a long-lived asker and responder.
   against one with much (``growth_big`` messages, ``growth_threads`` threads), both made
   through the library itself (every message indexed as a send indexes it), timed
   alternately in one run. A send's cost is its own (thread CPU time, the best of a few
-  batches); an ask's is its round trip to a replier process (p50).
+  batches); an ask's is its round trip to a replier process (p50), the asks to the two
+  teams taking turns.
 * A long-lived asker and responder, two processes, through ``rss_asks`` asks: the
   resident memory and the open descriptors of each at 1,000, 10,000 and 100,000 asks.
 """
@@ -88,26 +89,33 @@ def _send_cost(rm: ModuleType, home: Path) -> float:
     return best
 
 
-def _ask_p50(rm: ModuleType, home: Path, count: int) -> float:
-    """The p50 round trip, µs, of ``count`` asks to a replier process in the team at ``home``."""
-    replier = subprocess.Popen(
-        [sys.executable, "-c", REPLIER, str(home), str(count + 5), "grow", "replier"],
-        stdout=subprocess.PIPE, env=child_env(),
-    )  # fmt: skip
+def _ask_p50s(rm: ModuleType, homes: list[Path], count: int) -> list[float]:
+    """The p50 round trip, µs, of ``count`` asks to a replier process in each team of
+    ``homes``, the asks taking turns between the teams so that both meet the same load."""
+    repliers = []
+    for home in homes:
+        argv = [sys.executable, "-c", REPLIER, str(home), str(count + 5), "grow", "replier"]
+        repliers.append(subprocess.Popen(argv, stdout=subprocess.PIPE, env=child_env()))
+    buses = []
     try:
-        assert replier.stdout is not None and replier.stdout.readline() == b"ready\n"
-        bus = rm.MessageBus("grow", "asker", home=home)
-        for _ in range(5):
-            bus.ask("replier", "warm", timeout=30)
-        times = []
+        for replier in repliers:
+            assert replier.stdout is not None and replier.stdout.readline() == b"ready\n"
+        buses = [rm.MessageBus("grow", "asker", home=home) for home in homes]
+        for bus in buses:
+            for _ in range(5):
+                bus.ask("replier", "warm", timeout=30)
+        times: list[list[float]] = [[] for _ in homes]
         for n in range(count):
-            t0 = time.perf_counter()
-            bus.ask("replier", str(n), timeout=30)
-            times.append((time.perf_counter() - t0) * 1e6)
-        bus.close()
-        return pct(times, 50)
+            for bus, taken in zip(buses, times, strict=True):
+                t0 = time.perf_counter()
+                bus.ask("replier", str(n), timeout=30)
+                taken.append((time.perf_counter() - t0) * 1e6)
+        return [pct(taken, 50) for taken in times]
     finally:
-        replier.wait(timeout=60)
+        for bus in buses:
+            bus.close()
+        for replier in repliers:
+            replier.wait(timeout=60)
 
 
 def _long_lived(rm: ModuleType, ws: Workspace, asks: int, sec: Section) -> None:
@@ -172,7 +180,8 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
     for _ in range(sizes.reps):
         for row, home in zip((send_small, send_big), homes, strict=True):
             row.values.append(_send_cost(rm, home))
-        for row, home in zip((ask_small, ask_big), homes, strict=True):
-            row.values.append(_ask_p50(rm, home, ASKS if sizes.name != "smoke" else 5))
+        p50s = _ask_p50s(rm, homes, ASKS if sizes.name != "smoke" else 5)
+        for row, p50 in zip((ask_small, ask_big), p50s, strict=True):
+            row.values.append(p50)
     _long_lived(rm, ws, sizes.rss_asks, sec)
     return sec
