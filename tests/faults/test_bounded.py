@@ -115,7 +115,7 @@ def test_a_runner_answers_600_asks_from_short_lived_askers_under_256_descriptors
         assert done.returncode == 0, done.stderr
         assert done.stdout == f"cli {asked}\n".encode()
         asked += 1
-    per_process, at_once = 25, 3  # askers side by side: the runner answers them in parallel
+    per_process, at_once = 50, 4  # askers side by side: the runner answers them in parallel
     while asked < 600:
         wave = []
         for _ in range(at_once):
