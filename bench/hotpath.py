@@ -5,17 +5,20 @@ the memory and descriptors of a long-lived asker and responder.
   against one with much (``growth_big`` messages, ``growth_threads`` threads), both made
   through the library itself (every message indexed as a send indexes it), timed
   alternately in one run. A send's cost is its own (thread CPU time, the best of a few
-  batches); an ask's is its round trip to a replier process (p50), the asks to the two
-  teams taking turns.
+  batches), beside a raw O_APPEND write and litequeue's put measured the same way (CPU
+  time is what the load of a shared machine moves least); an ask's is its round trip to
+  a replier process (p50), the asks to the two teams taking turns.
 * A long-lived asker and responder, two processes, through ``rss_asks`` asks: the
   resident memory and the open descriptors of each at 1,000, 10,000 and 100,000 asks.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Final
@@ -23,8 +26,19 @@ from typing import Final
 import orjson
 
 from bench.ask import REPLIER
-from bench.common import CONTENT, METADATA, Row, Section, Sizes, Workspace, child_env, ralph
+from bench.common import (
+    CONTENT,
+    METADATA,
+    Row,
+    Section,
+    Sizes,
+    Workspace,
+    child_env,
+    message_dict,
+    ralph,
+)
 from bench.common import percentile as pct
+from bench.peers import PEERS, open_peer
 
 #: Sends per timed batch, and batches per repetition (the best batch is kept).
 SEND_BATCH: Final = 2_000
@@ -51,6 +65,7 @@ for n in range(1, total + 1):
     if n in marks:
         mine, theirs = status(os.getpid()), status(responder)
         print(orjson.dumps({"asks": n, "asker": mine, "responder": theirs}).decode(), flush=True)
+bus.ask("replier", "that was all", timeout=60)  # the responder, measured alive, may go
 """
 
 
@@ -87,6 +102,40 @@ def _send_cost(rm: ModuleType, home: Path) -> float:
     finally:
         bus.close()
     return best
+
+
+def _cpu_per_call(call: Callable[[], object]) -> float:
+    """µs of thread CPU time per ``call()``: the best of `SEND_BATCHES` batches."""
+    clock, best = time.thread_time, float("inf")
+    for _ in range(SEND_BATCHES):
+        t0 = clock()
+        for _ in range(SEND_BATCH):
+            call()
+        best = min(best, (clock() - t0) / SEND_BATCH * 1e6)
+    return best
+
+
+def _anchors_cpu(ws: Workspace, raw: Row, peer: Row) -> None:
+    """The send's anchors in the same CPU time: a raw O_APPEND write of a line as long,
+    and litequeue's put of the same message (when installed)."""
+    path = ws.fresh("raw-cpu") / "inbox.jsonl"
+    line = ws.line()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        raw.values.append(_cpu_per_call(lambda: os.write(fd, line)))
+    finally:
+        os.close(fd)
+    litequeue = next(p for p in PEERS if p.key == "litequeue")
+    opened = open_peer(litequeue, ws.fresh("litequeue-cpu"))
+    if isinstance(opened, str):
+        peer.status = opened
+        return
+    put, close = opened
+    message = message_dict(0, ws.template())
+    try:
+        peer.values.append(_cpu_per_call(lambda: put(message)))
+    finally:
+        close()
 
 
 def _ask_p50s(rm: ModuleType, homes: list[Path], count: int) -> list[float]:
@@ -130,7 +179,7 @@ def _long_lived(rm: ModuleType, ws: Workspace, asks: int, sec: Section) -> None:
         for mark in marks
     }  # fmt: skip
     replier = subprocess.Popen(
-        [sys.executable, "-c", REPLIER, str(home), str(asks), "long", "replier"],
+        [sys.executable, "-c", REPLIER, str(home), str(asks + 1), "long", "replier"],
         stdout=subprocess.PIPE, env=child_env(),
     )  # fmt: skip
     try:
@@ -166,6 +215,10 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
                              "lower", status=status))  # fmt: skip
     send_big = sec.add(Row("send_big", f"send (CPU µs) in a team of {big_label}", "µs", "lower",
                            anchor=send_small.key, status=status))  # fmt: skip
+    raw = sec.add(Row("raw_cpu", "raw os.write of a line as long, O_APPEND (CPU µs)", "µs",
+                      "lower"))  # fmt: skip
+    peer = sec.add(Row("litequeue_cpu", "litequeue LiteQueue.put of the same message (CPU µs)",
+                       "µs", "lower"))  # fmt: skip
     ask_small = sec.add(Row("ask_small", f"ask round trip (p50) in a team of {small_label}",
                             "µs", "lower", status=status))  # fmt: skip
     ask_big = sec.add(Row("ask_big", f"ask round trip (p50) in a team of {big_label}", "µs",
@@ -180,6 +233,7 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
     for _ in range(sizes.reps):
         for row, home in zip((send_small, send_big), homes, strict=True):
             row.values.append(_send_cost(rm, home))
+        _anchors_cpu(ws, raw, peer)
         p50s = _ask_p50s(rm, homes, ASKS if sizes.name != "smoke" else 5)
         for row, p50 in zip((ask_small, ask_big), p50s, strict=True):
             row.values.append(p50)

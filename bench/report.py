@@ -619,6 +619,13 @@ def _hot_path(hot: Section | None, add_ratio: Callable[..., None],
     def row(key: str) -> Row | None:
         return hot.row(key) if hot is not None else None
 
+    add_ratio("send_cpu_vs_raw", "send vs raw O_APPEND write, in thread CPU time",
+              row("send_small"), row("raw_cpu"), "≤ 8x", time_ratio, lambda r: r <= 8.0,
+              "{r:.1f}x the raw write's cost")  # fmt: skip
+    add_ratio("send_cpu_vs_peer", "send vs litequeue's put, in thread CPU time",
+              row("send_small"), row("litequeue_cpu"), "≥ 4x",
+              lambda f, a: a.stat.median / f.stat.median, lambda r: r >= 4.0,
+              "{r:.2f}x the peer's rate")  # fmt: skip
     for kind in ("send", "ask"):
         add_ratio(f"{kind}_flat", f"{kind} with a big history vs a small one",
                   row(f"{kind}_big"), row(f"{kind}_small"), "≤ 1.2x", time_ratio,

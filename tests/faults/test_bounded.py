@@ -241,3 +241,19 @@ def test_a_thread_started_with_a_fresh_id_is_marked(team: Team, kind: str) -> No
     data = (team.home / "teams/demo/index" / name).read_bytes()
     assert data.count(thread_id.encode()) == 2  # the mark, then the entry
     lead.close()
+
+
+def test_a_thread_entry_cut_short_is_stepped_over(team: Team) -> None:
+    """A fragment in a thread's bucket (a write cut short by a full disk) hides no entry of
+    the thread, and its start mark still bounds what is found."""
+    store = FileStore(team.home, team.name)
+    thread = "thread+00000000cafe"
+    store.index_add(thread, "lead", 1, 1)  # before the mark: not the thread's
+    store.index_start(thread)
+    store.index_add(thread, "lead", 10, 20)
+    bucket = f"threads.{zlib.crc32(b'00000000cafe') % THREAD_BUCKETS:02x}.idx"
+    with open(team.home / "teams" / team.name / "index" / bucket, "ab") as index:
+        index.write(b"\xa5\x5a" + b"\0" * 30)  # half an entry
+    store.index_add(thread, "worker-1", 30, 40)
+    assert store.index_tail(thread, 5) == [("lead", 10, 20), ("worker-1", 30, 40)]
+    store.close()

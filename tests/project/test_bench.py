@@ -55,6 +55,8 @@ TARGETS = {
     "send_flat",
     "ask_flat",
     "rss_flat",
+    "send_cpu_vs_raw",
+    "send_cpu_vs_peer",
     "ask_p50",
     "ask_p99",
     "ask_vs_agent_mail",
