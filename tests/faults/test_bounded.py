@@ -257,3 +257,18 @@ def test_a_thread_entry_cut_short_is_stepped_over(team: Team) -> None:
     store.index_add(thread, "worker-1", 30, 40)
     assert store.index_tail(thread, 5) == [("lead", 10, 20), ("worker-1", 30, 40)]
     store.close()
+
+
+def test_a_thread_begun_in_a_file_of_its_own_is_still_found(team: Team) -> None:
+    """A team made by a release that gave each thread its own file keeps its threads: a
+    look at such a thread reads that file, then what the shared file took since."""
+    from ralph_mail.store.files.indexes import _CRC, _ENTRY, _MAGIC
+
+    body = _ENTRY.pack(_MAGIC, b"lead", 0, 10)
+    legacy = team.home / "teams" / team.name / "index" / "thread+0000000000aa.idx"
+    legacy.write_bytes(body + _CRC.pack(zlib.crc32(body)))
+    store = FileStore(team.home, team.name)
+    store.index_add("thread+0000000000aa", "worker-1", 10, 20)
+    assert store.index_tail("thread+0000000000aa", 5) == [("lead", 0, 10), ("worker-1", 10, 20)]
+    assert store.index_tail("thread+0000000000aa", 1) == [("worker-1", 10, 20)]
+    store.close()

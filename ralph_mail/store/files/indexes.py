@@ -18,6 +18,9 @@ grow with the number of threads:
   from its end, and stops at the mark (or once it has what it was asked for). The cost of
   a look is what the bucket took since the thread began, not the team's history.
 
+A thread begun before threads shared files has a file of its own, ``index/thread+ID.idx``:
+a look at a thread that meets no start mark reads that file too, when there is one.
+
 Descriptors are kept open for the next entry, `KEPT` of them at most (the least recently
 used is closed first), so a process that lives through a million threads holds a few.
 """
@@ -80,6 +83,17 @@ class IndexFiles:
 
     def add(self, key: str, agent: str, offset: int, length: int) -> None:
         """Append one entry to index ``key``: the line at ``offset`` of ``agent``'s inbox."""
+        self._write(*self._record(key, agent, offset, length))
+
+    def extend(self, key: str, entries: list[tuple[str, int, int]]) -> None:
+        """Append ``entries`` to index ``key`` in one write (a broadcast's copies): a write
+        cut short leaves whole entries and one fragment, which readers step over."""
+        records = [self._record(key, *entry) for entry in entries]
+        if records:
+            self._write(records[0][0], b"".join(record for _, record in records))
+
+    def _record(self, key: str, agent: str, offset: int, length: int) -> tuple[str, bytes]:
+        """The file of index ``key``, and its entry for that line of ``agent``'s inbox."""
         where = self._heads.get((key, agent))
         if where is None:  # checked and packed once per index and inbox: a send is hot
             name, thread = _file_of(key)
@@ -92,21 +106,7 @@ class IndexFiles:
                 self._heads.clear()
             where = self._heads[key, agent] = (name, head)
         body = where[1] + _POSITION.pack(offset, length)
-        self._write(where[0], body + _CRC.pack(zlib.crc32(body)))
-
-    def extend(self, key: str, entries: list[tuple[str, int, int]]) -> None:
-        """Append ``entries`` to index ``key`` in one write (a broadcast's copies): a write
-        cut short leaves whole entries and one fragment, which readers step over."""
-        name, thread = _file_of(key)
-        records = []
-        for agent, offset, length in entries:
-            if thread is None:
-                body = _ENTRY.pack(_MAGIC, agent.encode(), offset, length)
-            else:
-                body = _THREAD_ENTRY.pack(_MAGIC, thread, agent.encode(), offset, length)
-            records.append(body + _CRC.pack(zlib.crc32(body)))
-        if records:
-            self._write(name, b"".join(records))
+        return where[0], body + _CRC.pack(zlib.crc32(body))
 
     def start(self, key: str) -> None:
         """Mark the start of thread ``key`` (``thread+ID``, an id never used before): a
@@ -138,14 +138,27 @@ class IndexFiles:
             return []
         try:
             with self._lock:
-                fd = self._fd(name, create=False)
-                if fd < 0:
-                    return []  # a look makes no file (nor keeps a descriptor): an entry does
+                fd = self._fd(name, create=False)  # a look makes no file: an entry does
                 if thread is None:
-                    return _tail(fd, count)
-                return _thread_tail(fd, thread, count)
+                    return _tail(fd, count) if fd >= 0 else []
+                found, marked = _thread_tail(fd, thread, count) if fd >= 0 else ([], False)
+            if not marked and len(found) < count:  # begun before threads shared files?
+                found = self._legacy(f"{key}.idx", count - len(found)) + found
+            return found
         except OSError as exc:
             raise store_error(exc, str(self.dirs.path("index", name)), "read") from None
+
+    def _legacy(self, name: str, count: int) -> list[Entry]:
+        """The last ``count`` entries of ``index/NAME``, a thread's own file as releases
+        before the shared files made one (a team made then keeps its threads)."""
+        try:
+            fd = open_file(name, os.O_RDONLY, self.dirs.get("index"))
+        except FileNotFoundError:
+            return []
+        try:
+            return _tail(fd, count)
+        finally:
+            os.close(fd)
 
     # -- descriptors -----------------------------------------------------------------------
 
@@ -215,13 +228,14 @@ def _tail(fd: int, count: int) -> list[Entry]:
     return entries[-count:]
 
 
-def _thread_tail(fd: int, thread: bytes, count: int) -> list[Entry]:
+def _thread_tail(fd: int, thread: bytes, count: int) -> tuple[list[Entry], bool]:
     """The last ``count`` entries of ``thread`` in its bucket, read backwards from the end
-    in growing steps until the thread's start mark, the bucket's start, or ``count``."""
+    in growing steps until the thread's start mark, the bucket's start, or ``count``;
+    and whether the mark was met."""
     size = os.fstat(fd).st_size
     if size % _THREAD_RECORD:  # a fragment somewhere: read it all and step over it
         whole = _valid(pread_all(fd, size, 0), _THREAD_ENTRY)
-        return _after_mark([e for e in whole if e[0] == thread])[-count:]
+        return _after_mark([e for e in whole if e[0] == thread], count)
     needle = _MAGIC + thread.ljust(_THREAD_ID, b"\0")
     found: list[_Found] = []
     end, step = size, _FIRST_LOOK * _THREAD_RECORD
@@ -240,14 +254,15 @@ def _thread_tail(fd: int, thread: bytes, count: int) -> list[Entry]:
         if sum(1 for _, _, offset, _ in found if offset >= 0) >= count:
             break
         end, step = start, step * 4
-    return _after_mark(found)[-count:]
+    return _after_mark(found, count)
 
 
-def _after_mark(found: list[_Found]) -> list[Entry]:
-    """The entries after the last start mark (the thread's), without the mark."""
+def _after_mark(found: list[_Found], count: int) -> tuple[list[Entry], bool]:
+    """The last ``count`` entries after the last start mark (the thread's), without the
+    mark, and whether there was one."""
     marks = [i for i, (_, _, offset, _) in enumerate(found) if offset < 0]
     kept = found[marks[-1] + 1 :] if marks else found
-    return [(agent, offset, length) for _, agent, offset, length in kept]
+    return [(agent, offset, length) for _, agent, offset, length in kept][-count:], bool(marks)
 
 
 def _valid(data: bytes, entry: struct.Struct) -> list[_Found]:
