@@ -116,6 +116,17 @@ def _inotify_round_trips(ws: Workspace, count: int) -> list[float]:
     return times
 
 
+def start_replier(home: object, answers: int, team: str) -> subprocess.Popen[bytes]:
+    """A `REPLIER` process answering ``answers`` requests in ``team`` at ``home``, once
+    it is ready."""
+    replier = subprocess.Popen(
+        [sys.executable, "-c", REPLIER, str(home), str(answers), team, "replier"],
+        stdout=subprocess.PIPE, env=child_env(),
+    )  # fmt: skip
+    assert replier.stdout is not None and replier.stdout.readline() == b"ready\n"
+    return replier
+
+
 def _pipe_round_trips(count: int) -> list[float]:
     """Microseconds per round trip of 16 bytes through an echoing child."""
     to_child_r, to_child_w = os.pipe()
@@ -163,12 +174,8 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
             continue
         home = ws.fresh("ask")
         rm.create_team("ask", ["asker", "replier"], home=home)
-        replier = subprocess.Popen(
-            [sys.executable, "-c", REPLIER, str(home), str(count + 5), "ask", "replier"],
-            stdout=subprocess.PIPE, env=child_env(),
-        )  # fmt: skip
+        replier = start_replier(home, count + 5, "ask")
         try:
-            assert replier.stdout is not None and replier.stdout.readline() == b"ready\n"
             bus = rm.MessageBus("ask", "asker", home=home)
             for _ in range(5):  # warm both sides up
                 bus.ask("replier", "warm", timeout=30)

@@ -25,7 +25,7 @@ from typing import Final
 
 import orjson
 
-from bench.ask import REPLIER
+from bench.ask import start_replier
 from bench.common import (
     CONTENT,
     METADATA,
@@ -141,14 +141,9 @@ def _anchors_cpu(ws: Workspace, raw: Row, peer: Row) -> None:
 def _ask_p50s(rm: ModuleType, homes: list[Path], count: int) -> list[float]:
     """The p50 round trip, µs, of ``count`` asks to a replier process in each team of
     ``homes``, the asks taking turns between the teams so that both meet the same load."""
-    repliers = []
-    for home in homes:
-        argv = [sys.executable, "-c", REPLIER, str(home), str(count + 5), "grow", "replier"]
-        repliers.append(subprocess.Popen(argv, stdout=subprocess.PIPE, env=child_env()))
+    repliers = [start_replier(home, count + 5, "grow") for home in homes]
     buses = []
     try:
-        for replier in repliers:
-            assert replier.stdout is not None and replier.stdout.readline() == b"ready\n"
         buses = [rm.MessageBus("grow", "asker", home=home) for home in homes]
         for bus in buses:
             for _ in range(5):
@@ -178,12 +173,8 @@ def _long_lived(rm: ModuleType, ws: Workspace, asks: int, sec: Section) -> None:
                           extra={"responder_mib": [], "asker_fds": [], "responder_fds": []}))
         for mark in marks
     }  # fmt: skip
-    replier = subprocess.Popen(
-        [sys.executable, "-c", REPLIER, str(home), str(asks + 1), "long", "replier"],
-        stdout=subprocess.PIPE, env=child_env(),
-    )  # fmt: skip
+    replier = start_replier(home, asks + 1, "long")
     try:
-        assert replier.stdout is not None and replier.stdout.readline() == b"ready\n"
         asker = subprocess.run(
             [sys.executable, "-c", LONG_ASKER, str(home), str(asks), str(replier.pid),
              orjson.dumps(marks).decode()],
