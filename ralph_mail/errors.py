@@ -55,6 +55,11 @@ class InboxBusy(MailError):
         self.pid = pid
 
 
+class ClaimLost(InboxBusy):
+    """This process consumed an inbox, went quiet past its claim's lease, and another
+    consumer took it over since: nothing more is handed out or committed here."""
+
+
 class BroadcastError(MailError):
     """A broadcast reached some inboxes but not all; both lists are attributes."""
 

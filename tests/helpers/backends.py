@@ -66,7 +66,8 @@ def fresh_nats() -> str:
 
     async def wipe() -> None:
         for info in await link.js.streams_info():
-            await link.js.delete_stream(info.config.name)
+            await link.js.purge_stream(info.config.name)  # (deleted whole, one made again
+            await link.js.delete_stream(info.config.name)  # at once can bring it back)
 
     link.run(wipe())
     return url

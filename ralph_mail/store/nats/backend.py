@@ -5,13 +5,16 @@ created, listed, removed and checked here, over nats-py's connection (`push`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from ralph_mail.errors import StoreError
+from ralph_mail.errors import MailError, StoreError
 from ralph_mail.store.health import Finding
+from ralph_mail.store.nats.doctor import team_findings
 from ralph_mail.store.nats.names import hexed, prefix_of, stream_of
+from ralph_mail.store.nats.stream import TeamStream
 from ralph_mail.store.nats.team import NatsStore
+from ralph_mail.store.nats.wire import address, redacted
 
 if TYPE_CHECKING:  # push (nats-py, asyncio) is imported when first needed
     from ralph_mail.store.nats.push import Loop
@@ -43,32 +46,43 @@ async def _made(make: Callable[[], Awaitable[_T]]) -> _T:
 
 
 class NatsBackend:
-    """Teams on one NATS server: a stream and a bucket each, listed in ``RALPH_TEAMS``."""
+    """Teams on one NATS server: a stream and a bucket each, listed in ``RALPH_TEAMS``.
+    The creation and removal of teams go through nats-py (`push`), the rest over the
+    store's own connection (`wire`), which says what a failure means in one line."""
 
     def __init__(self, url: str) -> None:
+        try:
+            address(url)
+        except ValueError as exc:
+            raise MailError(f"{exc}; set it with --backend or RALPH_BACKEND") from None
         self.url = url
+        self._server = TeamStream(url, "")  # the server's API, for no team in particular
 
     def _link(self) -> Loop:
         from ralph_mail.store.nats.push import Loop
 
+        self._server._api("INFO", {})  # first a round trip that says what is wrong
         return Loop.of(self.url)
 
-    def _teams(self) -> Any:
+    def _admin(self, work: Callable[[Loop], Coroutine[Any, Any, _T]]) -> _T:
+        """``work`` done through nats-py, what it raises in one line."""
         link = self._link()
-
-        async def bucket() -> Any:
-            return await _made(lambda: link.js.create_key_value(bucket="RALPH_TEAMS", history=1))
-
-        return link.run(bucket())
+        try:
+            return link.run(work(link))
+        except (MailError, FileExistsError, FileNotFoundError):
+            raise
+        except Exception as exc:
+            why = str(exc) or exc.__class__.__name__
+            raise StoreError(f"NATS {redacted(self.url)}: {why}") from None
 
     def create_team(self, name: str, agents: list[str], roster: bytes) -> None:
         from nats.js.api import StorageType, StreamConfig
         from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 
-        link, teams = self._link(), self._teams()
         stream = stream_of(name)
 
-        async def create() -> None:
+        async def create(link: Loop) -> None:
+            teams = await _teams(link)
             try:
                 await teams.create(hexed(name), name.encode())
             except KeyWrongLastSequenceError:  # there, or a team deleted a moment ago
@@ -85,7 +99,7 @@ class NatsBackend:
             kv = await _made(lambda: link.js.create_key_value(bucket=stream, history=1))
             await kv.put("roster", roster)
 
-        link.run(create())
+        self._admin(create)
 
     def read_roster(self, name: str) -> bytes:
         store = NatsStore(self.url, name)
@@ -97,78 +111,80 @@ class NatsBackend:
     def team_names(self) -> list[str]:
         """The teams whose streams the server has (the list of streams is exact; the
         bucket of names only keeps two creators of one name apart)."""
-        link = self._link()
-
-        async def names() -> list[str]:
-            found = []
-            for info in await link.js.streams_info():
-                name = str(info.config.name)
-                if name.startswith("RALPH_") and name != "RALPH_TEAMS":
+        found: list[str] = []
+        offset = 0
+        while True:
+            page = self._server._api("STREAM.NAMES", {"offset": offset})
+            names = [str(name) for name in page.get("streams") or []]
+            for stream in names:
+                if stream.startswith("RALPH_") and stream != "RALPH_TEAMS":
                     with contextlib.suppress(ValueError):
-                        found.append(bytes.fromhex(name[len("RALPH_") :]).decode())
-            return sorted(found)
-
-        return link.run(names())
+                        found.append(bytes.fromhex(stream[len("RALPH_") :]).decode())
+            offset += len(names)
+            if not names or offset >= int(page.get("total", 0)):
+                return sorted(found)
 
     def remove_team(self, name: str) -> None:
-        link, teams = self._link(), self._teams()
         stream = stream_of(name)
 
-        async def remove() -> None:
-            for action in (link.js.delete_stream(stream), link.js.delete_key_value(stream)):
-                with contextlib.suppress(Exception):  # already gone
-                    await action
+        async def remove(link: Loop) -> None:
+            teams = await _teams(link)
+            for name_of in (stream, f"KV_{stream}"):
+                # Emptied first: a file stream deleted and made again at once can come
+                # back with its old messages (nats-server 2.15), an empty one cannot.
+                for action in (link.js.purge_stream, link.js.delete_stream):
+                    with contextlib.suppress(Exception):  # already gone
+                        await action(name_of)
             await teams.delete(hexed(name))
 
-        link.run(remove())
+        self._admin(remove)
 
     def doctor(self, team: str | None, lock_wait: float) -> list[Finding]:
         """The server answers, JetStream is on, each team's stream keeps its messages."""
-        return [Finding(level, "server", text) for level, text in self.health()]  # type: ignore[arg-type]
+        return [Finding(level, "server", text) for level, text in self.health(team)]  # type: ignore[arg-type]
 
     def where(self) -> str:
-        return self.url
+        return redacted(self.url)
 
-    def health(self) -> list[tuple[str, str]]:
+    def health(self, team: str | None = None) -> list[tuple[str, str]]:
         """``(level, message)`` findings for ``ralph-mail doctor``: the server answers,
-        JetStream is on, and each team's stream keeps its messages on disk."""
+        JetStream is on, each team's (or ``team``'s) stream keeps its messages on disk,
+        and what the store reads of it is whole (`doctor`)."""
+        shown = redacted(self.url)
         try:
-            link = self._link()
-        except StoreError as exc:
+            account = self._server._api("INFO", {})
+            names = self.team_names()
+        except (MailError, FileNotFoundError) as exc:
             return [("fail", str(exc))]
-
-        async def check() -> list[tuple[str, str]]:
-            try:
-                account = await link.js.account_info()
-            except Exception as exc:
-                return [("fail", f"JetStream is not enabled on {self.url} ({exc}): start "
-                         "the server with -js")]  # fmt: skip
-            found = [("ok", f"{self.url}: JetStream on, {account.streams} streams, "
-                      f"{account.storage:,} bytes stored")]  # fmt: skip
-            return found
-
-        found = link.run(check())
-        for name in self.team_names():
+        found = [("ok", f"{shown}: JetStream on, {account.get('streams', 0)} streams, "
+                  f"{int(account.get('storage', 0)):,} bytes stored")]  # fmt: skip
+        for name in names if team is None else [team]:
             store = NatsStore(self.url, name)
-
-            async def stream(store: NatsStore = store) -> Any:
-                return await link.js.stream_info(store.stream)
-
             try:
-                info = link.run(stream())
-            except Exception as exc:
+                info = store._api(f"STREAM.INFO.{store.stream}", {})
+            except (MailError, FileNotFoundError) as exc:
                 found.append(("fail", f"team {name!r}: its stream {store.stream} is missing "
                               f"({exc}): delete the team and create it again"))  # fmt: skip
                 continue
-            storage = str(info.config.storage).rsplit(".", 1)[-1].lower()
+            config, state = info.get("config", {}), info.get("state", {})
+            storage = str(config.get("storage", "file"))
             level = "ok" if storage == "file" else "warn"
             found.append((level, f"team {name!r}: stream {store.stream}, {storage} storage, "
-                          f"{info.config.num_replicas or 1} replica(s), "
-                          f"{info.state.messages:,} messages"))  # fmt: skip
+                          f"{config.get('num_replicas') or 1} replica(s), "
+                          f"{int(state.get('messages', 0)):,} messages"))  # fmt: skip
+            try:
+                found += team_findings(store)
+            except (MailError, FileNotFoundError) as exc:
+                found.append(("fail", f"team {name!r}: {exc}"))
         return found
 
     def team_store(self, name: str, *, durable: bool = False) -> NatsStore:
         return NatsStore(self.url, name, durable=durable)
+
+
+async def _teams(link: Loop) -> Any:
+    """The bucket of team names (made when first needed)."""
+    return await _made(lambda: link.js.create_key_value(bucket="RALPH_TEAMS", history=1))
 
 
 __all__ = ["NatsBackend", "NatsStore"]

@@ -1,6 +1,7 @@
-"""The NATS store's writes made in the background: index entries and cursors, which a
-caller need not wait for, made in the order they came on one thread of the process's
-own; a read that must see them (`flush`) waits for them first."""
+"""The NATS store's writes made in the background: index entries, which a caller need
+not wait for (the message they point at is stored already), made in the order they came
+on one thread of the process's own; a read that must see them (`flush`) waits for them
+first. Cursors are not among them: a commit waits for its cursor (see `claims`)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from typing import Any
 
 from ralph_mail.store.nats.wire import REQUEST_S
 
-#: Writes this process has under way in the background (index entries, cursors), made
-#: in order on one thread of their own.
+#: Writes this process has under way in the background (index entries), made in order
+#: on one thread of their own.
 _PENDING: list[tuple[str, concurrent.futures.Future[Any]]] = []
 _PENDING_LOCK = threading.Lock()
 
@@ -78,9 +79,9 @@ def later(kind: str, write: Callable[..., Any], *args: Any) -> None:
 
 
 def flush(kind: str = "") -> None:
-    """Wait for the writes of ``kind`` ("index" entries, "cursor"s; all by default)
-    this process is still making (any store's: a bus reads what another bus of the
-    process wrote, as on files)."""
+    """Wait for the writes of ``kind`` ("index" entries; all by default) this process
+    is still making (any store's: a bus reads what another bus of the process wrote, as
+    on files)."""
     with _PENDING_LOCK:
         pending = [f for k, f in _PENDING if kind in ("", k)]
         _PENDING[:] = [(k, f) for k, f in _PENDING if kind not in ("", k)]
@@ -93,5 +94,5 @@ def flush(kind: str = "") -> None:
 
             why = str(exc) or f"not done within {REQUEST_S:g} s"
             warnings.warn(f"a background write failed ({why}): an index entry is "
-                          "missing, or a cursor moved less far", RuntimeWarning,
+                          "missing (history and threads may miss a message)", RuntimeWarning,
                           stacklevel=3)  # fmt: skip

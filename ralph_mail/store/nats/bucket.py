@@ -1,16 +1,13 @@
 """The NATS store's key/value side: the team's bucket, keeping the roster, presence,
-cursors (with the stream sequence of the floor), state, rates and the one-consumer
-claim. A claim is a lease renewed every `LEASE_S` / 3 seconds, so a consumer killed -9
-is released within `LEASE_S` (on files, at once). Presence, claims, state versions and
-inbox starts are pushed to each process once it looks at them often (`Keys`).
+state and rates here, and the cursors and the one-consumer claims (`claims`). Presence,
+claims, state versions and inbox starts are pushed to each process once it looks at
+them often (`Keys`).
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
-import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -18,11 +15,10 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from ralph_mail.errors import InboxBusy, StoreError
-from ralph_mail.store.base import Cursor, check_key
-from ralph_mail.store.nats.background import flush, later
+from ralph_mail.errors import StoreError
+from ralph_mail.store.base import check_key
 from ralph_mail.store.nats.names import kv_key
-from ralph_mail.store.nats.stream import APPEND_TRIES, WATCH_AFTER, TeamStream, lease_s
+from ralph_mail.store.nats.stream import APPEND_TRIES, WATCH_AFTER, TeamStream
 from ralph_mail.store.nats.wire import REQUEST_S
 
 if TYPE_CHECKING:  # push (nats-py, asyncio) is imported when first needed
@@ -36,10 +32,8 @@ class Bucket(TeamStream):
         super().__init__(url, team, durable=durable)
         self._looks = 0  # keys looked up before the bucket's watch started (see _watched)
         self._watching = False
-        self._claims: dict[str, int] = {}  # agent -> revision of my claim
         self._cache: dict[str, tuple[bytes, int] | None] | None = None  # see _watched
         self._keys: Keys | None = None
-        self._renewer: threading.Thread | None = None
 
     # -- the bucket, over the wire --------------------------------------------------------
 
@@ -54,7 +48,7 @@ class Bucket(TeamStream):
         if "error" in got:
             if got["error"].get("err_code") == 10037:  # no message: never set
                 return None, 0
-            raise StoreError(f"NATS {self.url}: {got['error'].get('description', got)}")
+            raise StoreError(f"NATS {self.shown}: {got['error'].get('description', got)}")
         message = got["message"]
         marks = base64.b64decode(message.get("hdrs") or b"")
         if b"KV-Operation: DEL" in marks or b"KV-Operation: PURGE" in marks:
@@ -103,7 +97,7 @@ class Bucket(TeamStream):
             if written is not None:
                 self._saw(key, value, written)
                 return
-        raise StoreError(f"NATS {self.url}: {key} kept changing under {APPEND_TRIES} updates")
+        raise StoreError(f"NATS {self.shown}: {key} kept changing under {APPEND_TRIES} updates")
 
     # -- the bucket's watch ---------------------------------------------------------------
 
@@ -177,7 +171,7 @@ class Bucket(TeamStream):
         return None if found is None else (found[1],)
 
     def state_where(self, key: str) -> str:
-        return f"{self.url} bucket {self.stream} key state.{kv_key(key)}"
+        return f"{self.shown} bucket {self.stream} key state.{kv_key(key)}"
 
     def take(self, key: str, limit: int, window: float) -> float:
         wait = 0.0
@@ -194,89 +188,3 @@ class Bucket(TeamStream):
 
         self._kv_update(f"rate.{kv_key(key)}", change)
         return wait
-
-    # -- cursors, claims ------------------------------------------------------------------
-
-    def load_cursor(self, agent: str) -> Cursor:
-        flush("cursor")
-        raw = self._kv_get(f"cursor.{kv_key(agent)}")
-        if raw is None:
-            return Cursor(0)
-        saved = orjson.loads(raw)
-        if saved.get("seq"):
-            self._remember(self._subject(agent.partition("@")[0]), saved["floor"], saved["seq"])
-        return Cursor(int(saved["floor"]), {int(a) for a in saved.get("acked", [])})
-
-    def save_cursor(self, agent: str, cursor: Cursor) -> None:
-        subject = self._subject(agent.partition("@")[0])
-        seq = self._seqs.get(subject, {}).get(cursor.floor, 0)
-        record = {"floor": cursor.floor, "acked": sorted(cursor.acked), "seq": seq}
-        # In the background, in order: a crash before it is stored leaves the old cursor
-        # (what was consumed since comes again: at least once); close and every cursor
-        # load of this process wait for it.
-        later("cursor", self._kv_write, f"cursor.{kv_key(agent)}", orjson.dumps(record))
-
-    def drop_cursor(self, key: str) -> None:
-        flush("cursor")  # (not to be put back by a write still under way)
-        self._kv_delete(f"cursor.{kv_key(key)}")
-
-    def claim(self, agent: str) -> None:
-        if agent in self._claims:
-            return
-        me = {"pid": os.getpid(), "host": socket.gethostname()}
-        key = f"claim.{kv_key(agent)}"
-        for _ in range(3):
-            raw, revision = self._kv_entry(key)
-            holder = orjson.loads(raw) if raw else {}
-            alive = holder.get("until", 0) > time.time()
-            if alive and (holder["pid"], holder["host"]) != (me["pid"], me["host"]):
-                raise InboxBusy(
-                    f"the inbox of {agent!r} is consumed by pid {holder['pid']} on "
-                    f"{holder['host']}: stop it first (its claim lapses {lease_s():g} s "
-                    "after it dies)",
-                    int(holder["pid"]),
-                )
-            value = orjson.dumps({**me, "until": time.time() + lease_s()})
-            taken = self._kv_write(key, value, last=revision)
-            if taken is None:  # another process took it meanwhile: look again
-                continue
-            self._claims[agent] = taken
-            self._saw(key, value, taken)
-            self._renew()
-            return
-        raise InboxBusy(f"the inbox of {agent!r} is being claimed by another process")
-
-    def _renew(self) -> None:
-        """Keep my claims alive (a thread, once)."""
-        if self._renewer is not None:
-            return
-
-        def renew() -> None:
-            while not self._closed.wait(lease_s() / 3):
-                for agent in list(self._claims):
-                    key = f"claim.{kv_key(agent)}"
-                    value = orjson.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                          "until": time.time() + lease_s()})  # fmt: skip
-                    try:
-                        renewed = self._kv_write(key, value, last=self._claims[agent])
-                    except Exception:
-                        renewed = None  # (a server away past the lease: claimed again)
-                    if renewed is None:
-                        self._claims.pop(agent, None)  # lost: the next read claims again
-                    else:
-                        self._claims[agent] = renewed
-
-        self._renewer = threading.Thread(target=renew, name="ralph-nats-lease", daemon=True)
-        self._renewer.start()
-
-    def release(self, agent: str) -> None:
-        if self._claims.pop(agent, None) is not None:
-            with contextlib.suppress(StoreError):  # else the lease lapses by itself
-                self._kv_delete(f"claim.{kv_key(agent)}", timeout=2.0)
-
-    def consumer(self, agent: str) -> int | None:
-        raw = self._looked(f"claim.{kv_key(agent)}")
-        holder = orjson.loads(raw) if raw else None
-        if holder is None or holder.get("until", 0) <= time.time():
-            return None
-        return int(holder["pid"])

@@ -8,12 +8,17 @@ and tries again), and carry ``Nats-Msg-Id`` = the inbox and the message id, so a
 retried under the same id is stored once within the stream's duplicate window. An index
 is not a log: its messages (entries) carry no offsets, and writers do not take turns.
 
+Offsets and ordinals only grow, also across a subject the stream's limits or a purge
+emptied (`_emptied`). A message published into a log by anything but the store (no
+offset header) is set aside as a dead letter when first met (`_set_aside`).
+
 Reads are batched direct gets (one round trip for up to `READ_BATCH` lines); a line a
 `Waiter` pulled serves the read that follows.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
@@ -26,13 +31,22 @@ from ralph_mail.errors import StoreError
 from ralph_mail.message import format_ts
 from ralph_mail.store.base import check_key
 from ralph_mail.store.nats.background import flush, later, pending_lock
-from ralph_mail.store.nats.bucket import Bucket
-from ralph_mail.store.nats.names import kv_key
-from ralph_mail.store.nats.stream import APPEND_TRIES, INDEX_PROBE, KEPT_LINES, READ_BATCH
+from ralph_mail.store.nats.claims import Claims
+from ralph_mail.store.nats.names import kv_key, untoken
+from ralph_mail.store.nats.stream import (
+    APPEND_TRIES,
+    INDEX_PROBE,
+    KEPT_LINES,
+    LINE_BOUND,
+    READ_BATCH,
+    code_of,
+)
 from ralph_mail.store.nats.waiter import Waiter
 from ralph_mail.store.nats.wire import Reply
 
 _ID = re.compile(rb'"id":"([0-9a-f]{12})"')
+#: JetStream's "no message found" (a message another process removed first).
+_NO_MESSAGE = 10037
 
 
 def _ts_of(line: bytes) -> str:
@@ -40,7 +54,44 @@ def _ts_of(line: bytes) -> str:
     return found.group(1).decode() if found else ""
 
 
-class Logs(Bucket):
+def placed(msg: Reply) -> bool:
+    """Whether a message carries its place in its log, as the store writes it: an
+    offset and an ordinal, whole numbers."""
+    offset, n = msg.headers.get("Ralph-Offset", ""), msg.headers.get("Ralph-N", "")
+    return offset.isascii() and offset.isdigit() and n.isascii() and n.isdigit() and n != "0"
+
+
+def _unplaced(subject: str) -> bool:
+    """Whether ``subject`` is no log's: an index's (``ix.``) or commit times' (``ct.``),
+    whose messages carry no place."""
+    return subject.split(".", 3)[2:3] in (["ix"], ["ct"])  # ralph.<team>.<kind>.<name>
+
+
+def _born_key(tail: str) -> str:
+    """The bucket key marking that the log of a subject's tail (``in.agent``...) had a
+    line (see `Logs._emptied`)."""
+    return f"born.{tail}"
+
+
+def _log_key(tail: str) -> str:
+    """The log key (``agent``, ``#channel``, ``log:name``) of a subject's tail
+    (``in.agent``, ``ch.channel``, ``tl.name``)."""
+    kind, _, name = tail.partition(".")
+    return {"ch": "#", "tl": "log:"}.get(kind, "") + untoken(name)
+
+
+def _line_id(subject: str, seq: int, line: bytes) -> str:
+    """A ``Nats-Msg-Id`` for a line that is no send: its place and its hash (two tries
+    of one append are one message; two writers' lines at one place are two)."""
+    return f"{subject}@{seq}:{hashlib.blake2b(line, digest_size=12).hexdigest()}"
+
+
+def _dead_record(agent: str, offset: int, line: bytes, reason: str) -> dict[str, Any]:
+    return {"ts": format_ts(time.time_ns() // 1000), "inbox": agent, "offset": offset,
+            "reason": reason, "line": line.decode("utf-8", "backslashreplace")}  # fmt: skip
+
+
+class Logs(Claims):
     """The team's logs, each a subject of its stream (see the module docstring)."""
 
     def __init__(self, url: str, team: str, *, durable: bool = False) -> None:
@@ -51,30 +102,62 @@ class Logs(Bucket):
         self._locks: dict[str, threading.Lock] = {}  # subject -> its appends, one at a time
         self._kept: dict[str, dict[int, tuple[bytes, int, int]]] = {}  # see _pulled
         self._kept_lock = threading.Lock()
+        self._born: set[str] = set()  # subjects whose mark is in the bucket (see _emptied)
 
     # -- where a subject ends, where an offset is -----------------------------------------
 
     def _tail(self, subject: str) -> tuple[int, int, int, str]:
-        """(seq, end offset, ordinal, ts) of the subject's last line; zeros when empty."""
+        """(seq, end offset, ordinal, ts) of the subject's last line; for an empty
+        subject, no seq and where its next line goes (see `_emptied`)."""
         last = self._get(subject)
         if last is None:
-            return 0, 0, 0, ""
+            end, n = self._emptied(subject)
+            return 0, end, n, ""
         data = last.data or b""
         end = self._offset(last) + len(data) + 1
         self._remember(subject, end, self._seq(last) + 1)  # where the next line will be
         return self._seq(last), end, int(last.headers["Ralph-N"]), _ts_of(data)
 
-    def _seq_at(self, subject: str, offset: int) -> tuple[int, int] | None:
+    def _emptied(self, subject: str) -> tuple[int, int]:
+        """Where the next line of an empty subject goes: (its offset, the ordinal before
+        it). At 0 for a subject that never had a line: its mark (``born.<subject>``, put
+        in the bucket before its first line) is missing, or the stream never lost a
+        message. Else the stream's limits or a purge emptied it, and its readers'
+        cursors, the indexes and other processes may still hold offsets of the lines it
+        had: it goes on past anything it can have had. Each of those lines was a message
+        of the stream, no longer than `LINE_BOUND`, so its last offset and ordinal were
+        below the stream's last sequence times `LINE_BOUND` and the last sequence."""
+        if subject not in self._born:
+            if self._kv_get(_born_key(subject[len(self._prefix) + 1 :])) is None:
+                return 0, 0
+            self._born.add(subject)
+        state = self._api(f"STREAM.INFO.{self.stream}", {}).get("state", {})
+        last = int(state.get("last_seq", 0))
+        if int(state.get("first_seq", 0)) <= 1 and not int(state.get("num_deleted", 0)):
+            return 0, 0
+        return last * LINE_BOUND, last
+
+    def _mark_born(self, subject: str) -> None:
+        """Put the mark of a subject about to get its first line (see `_emptied`)."""
+        if subject not in self._born:
+            self._kv_write(_born_key(subject[len(self._prefix) + 1 :]), b"1")
+            self._born.add(subject)
+
+    def _seq_at(self, subject: str, offset: int) -> tuple[int, int]:
         """(stream seq, offset) of the line starting at ``offset``, or of the first line
-        kept when ``offset`` is below it; None when ``offset`` is at or past the end."""
+        kept when ``offset`` is below it; (0, end) when ``offset`` is at or past the end
+        (an end below ``offset``: a cursor of a log that was since replaced)."""
         known = self._seqs.get(subject, {}).get(offset)
         if known is not None:
             return known, offset
         last = self._get(subject)
-        if last is None or self._offset(last) < offset:
-            return None
+        if last is None:
+            return 0, self._emptied(subject)[0] if offset else 0
+        end = self._offset(last) + len(last.data) + 1
+        if self._offset(last) < offset:
+            return 0, end
         low, high = 1, self._seq(last)
-        found: tuple[int, int] | None = None
+        found = (self._seq(last), self._offset(last))
         while low <= high:  # the first line at or after offset, by bisection on seq
             middle = (low + high) // 2
             msg = self._get(subject, middle)
@@ -86,9 +169,49 @@ class Logs(Bucket):
                 high = middle - 1
             else:
                 low = self._seq(msg) + 1
-        if found is not None:
-            self._remember(subject, found[1], found[0])
+        self._remember(subject, found[1], found[0])
         return found
+
+    # -- lines published by anything but the store ------------------------------------
+
+    def _get(self, subject: str, seq: int | None = None) -> Reply | None:
+        """`TeamStream._get`, with what is no line of the store's set aside first (see
+        `_set_aside`)."""
+        while True:
+            msg = super()._get(subject, seq)
+            if msg is None or placed(msg) or _unplaced(subject):
+                return msg
+            self._set_aside(subject, msg)
+
+    def _after(self, subject: str, seq: int, count: int) -> tuple[list[Reply], int]:
+        """`TeamStream._after`, with what is no line of the store's set aside first."""
+        while True:
+            found, after = super()._after(subject, seq, count)
+            foreign = [msg for msg in found if not placed(msg)]
+            if not foreign or _unplaced(subject):
+                return found, after
+            for msg in foreign:
+                self._set_aside(subject, msg)
+
+    def _set_aside(self, subject: str, msg: Reply) -> None:
+        """A message of a log that carries no place in it (published by anything but the
+        store: a raw ``nats pub``, without ``Ralph-Offset`` and ``Ralph-N``, or with
+        values that are no whole numbers) is kept among the log's dead letters, as the
+        file store keeps a line that is no message, and taken out of the log, so that
+        every line left has its place. The record first, under an id the stream
+        deduplicates (two readers may meet it at once), then the removal."""
+        seq = self._seq(msg)
+        key = _log_key(subject[len(self._prefix) + 1 :])
+        reason = ("published into the log without the store's headers (Ralph-Offset and "
+                  "Ralph-N, whole numbers): set aside")  # fmt: skip
+        record = _dead_record(key, -1, msg.data, reason) | {"seq": seq}
+        dead = self._subject(f"log:dead.{kv_key(key)}")
+        self._put(dead, orjson.dumps(record), b"", stamp=False, msg_id=f"{subject}:{seq}")
+        gone = self._api(f"STREAM.MSG.DELETE.{self.stream}", {"seq": seq, "no_erase": True})
+        if "error" in gone and code_of(gone) != _NO_MESSAGE:  # (another reader was first)
+            raise StoreError(f"NATS {self.shown}: {gone['error'].get('description', gone)}")
+        self._seqs.pop(subject, None)
+        self._tails.pop(subject, None)
 
     # -- logs -----------------------------------------------------------------------------
 
@@ -96,25 +219,30 @@ class Logs(Bucket):
         ts, offset = self._put(self._subject(agent), head, tail)
         return ts, offset
 
-    def _put(self, subject: str, head: bytes, tail: bytes, stamp: bool = True) -> tuple[str, int]:
+    def _put(
+        self, subject: str, head: bytes, tail: bytes, stamp: bool = True, msg_id: str = ""
+    ) -> tuple[str, int]:
         """Append ``head + ts + tail`` (``head + tail`` without ``stamp``) as the next line
-        of ``subject``; return the ts and its offset."""
+        of ``subject``; return the ts and its offset. A send carries its message id
+        (``Nats-Msg-Id``: sent again, stored once); any other line ``msg_id``, or its
+        place and its hash, so that a try whose answer was lost is not stored twice."""
         found = _ID.search(head) if stamp else None  # a team log's record is no send
-        msg_id = f"{subject}:{found.group(1).decode()}" if found else None
+        msg_id = f"{subject}:{found.group(1).decode()}" if found else msg_id
         with self._locks.setdefault(subject, threading.Lock()):  # one at a time here
             known = self._tails.get(subject)
             for _ in range(APPEND_TRIES):
                 if known is None:
                     known = self._tail(subject)
                 seq, end, n, last = known
+                if not seq:
+                    self._mark_born(subject)
                 ts = ""
                 if stamp:
                     ts = max(format_ts(time.time_ns() // 1000), last)
                 line = (head + ts.encode() + tail).removesuffix(b"\n")  # the payload: no newline
                 headers = {"Ralph-Offset": str(end), "Ralph-N": str(n + 1),
-                           "Nats-Expected-Last-Subject-Sequence": str(seq)}  # fmt: skip
-                if msg_id is not None:
-                    headers["Nats-Msg-Id"] = msg_id
+                           "Nats-Expected-Last-Subject-Sequence": str(seq),
+                           "Nats-Msg-Id": msg_id or _line_id(subject, seq, line)}  # fmt: skip
                 ack = self._acked(subject, line, headers)
                 if ack is None:  # another writer got there first
                     known = None
@@ -123,7 +251,8 @@ class Logs(Bucket):
                     stored = self._get(subject, ack["seq"])
                     self._tails.pop(subject, None)
                     if stored is None:  # purged since
-                        raise StoreError(f"{subject}: message {msg_id} was stored, then purged")
+                        raise StoreError(f"{subject}: message {headers['Nats-Msg-Id']} was "
+                                         "stored, then purged")  # fmt: skip
                     return _ts_of(stored.data), self._offset(stored)
                 self._tails[subject] = (ack["seq"], end + len(line) + 1, n + 1, ts or last)
                 self._remember(subject, end, ack["seq"])
@@ -131,6 +260,7 @@ class Logs(Bucket):
         raise StoreError(f"{subject}: {APPEND_TRIES} writers in a row got there first")
 
     def read(self, agent: str, offset: int, *, skip_collected: bool = False) -> tuple[bytes, int]:
+        self.hold(agent)  # (a consumer fenced off gets ClaimLost, not the lines)
         return self._read(self._subject(agent), offset)
 
     def _read(self, subject: str, offset: int, count: int = READ_BATCH) -> tuple[bytes, int]:
@@ -144,7 +274,7 @@ class Logs(Bucket):
         trip); return its stream sequence."""
         tokens = message.reply.split(".")  # $JS.ACK.[domain.account.]stream.consumer...
         seq = int(tokens[5] if len(tokens) == 9 else tokens[7])
-        if "Ralph-Offset" not in message.headers:  # no line of a log (a commit): not kept
+        if not placed(message):  # (no line of the store's: the read sets it aside)
             return seq
         offset = int(message.headers["Ralph-Offset"])
         with self._kept_lock:
@@ -171,21 +301,20 @@ class Logs(Bucket):
     def _fetch(self, subject: str, offset: int, count: int) -> tuple[bytes, int]:
         """Up to ``count`` lines from ``offset`` (or from the first line kept, when it
         is below that) and where they start, asked of the server."""
-        at = self._seq_at(subject, offset)
-        if at is None:
-            return b"", offset
-        seq, start = at
-        found = self._batch(subject, seq, count)
+        seq, start = self._seq_at(subject, offset)
+        found = self._batch(subject, seq, count) if seq else []
         # Nothing from the stream sequence of a line's offset on: nothing from the offset
         # on (lines follow each other in both). A line that starts elsewhere: a stale
         # position (purged), looked up again.
         if found and self._offset(found[0]) != start:
             self._seqs.pop(subject, None)
-            at = self._seq_at(subject, offset)
-            if at is None:
+            seq, start = self._seq_at(subject, offset)
+            found = self._batch(subject, seq, count) if seq else []
+        if not seq:  # at the end; or past it: the log was replaced, read from its start
+            if start >= offset:
                 return b"", offset
-            seq, start = at
-            found = self._batch(subject, seq, count)
+            data, first = self._fetch(subject, 0, count)
+            return (data, first) if data else (b"", start)
         lines = [msg.data for msg in found]
         if found:
             last = found[-1]
@@ -236,7 +365,7 @@ class Logs(Bucket):
                     purged = self._api(f"STREAM.PURGE.{self.stream}",
                                        {"filter": subject, "seq": self._seq(msg)})  # fmt: skip
                     if "error" in purged:
-                        raise StoreError(f"NATS {self.url}: {purged['error']}")
+                        raise StoreError(f"NATS {self.shown}: {purged['error']}")
                     self._seqs.pop(subject, None)
                     with self._kept_lock:
                         self._kept.pop(subject, None)
@@ -278,8 +407,7 @@ class Logs(Bucket):
             offset = start + len(data)
 
     def dead_letter(self, agent: str, offset: int, line: bytes, reason: str) -> None:
-        record = {"ts": format_ts(time.time_ns() // 1000), "inbox": agent, "offset": offset,
-                  "reason": reason, "line": line.decode("utf-8", "backslashreplace")}  # fmt: skip
+        record = _dead_record(agent, offset, line, reason)
         self.log_append(f"dead.{kv_key(agent)}", orjson.dumps(record) + b"\n")
 
     def dead_letters(self, agent: str) -> list[dict[str, Any]]:
@@ -316,7 +444,8 @@ class Logs(Bucket):
                 entries = self._queued.pop(subject, [])
             if not entries:
                 return
-            self._acked(subject, b"\n".join(entries))
+            batch = b"\n".join(entries)  # (an id: sent again, stored once)
+            self._acked(subject, batch, {"Nats-Msg-Id": _line_id(subject, 0, batch)})
 
     def index_tail(self, key: str, count: int) -> list[tuple[str, int, int]]:
         flush("index")

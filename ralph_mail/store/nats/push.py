@@ -63,8 +63,10 @@ class Loop:
                     made = cls._made[os.getpid(), url] = cls(url)
                 except Exception as exc:  # no server there
                     why = str(exc) or exc.__class__.__name__
+                    from ralph_mail.store.nats.wire import redacted
+
                     raise StoreError(
-                        f"cannot reach the NATS server at {url} ({why}): start it "
+                        f"cannot reach the NATS server at {redacted(url)} ({why}): start it "
                         "(nats-server -js) or check RALPH_BACKEND"
                     ) from None
             return made

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -17,12 +18,16 @@ from ralph_mail.errors import InboxBusy, StoreError
 from ralph_mail.store.nats.names import hexed, prefix_of, stream_of, token
 from ralph_mail.store.nats.wire import (
     REQUEST_S,
+    TRY_S,
     NeverReached,
+    Refused,
     Reply,
     TooBig,
     Wire,
     WireError,
+    redacted,
 )
+from ralph_mail.store.outage import Tries
 
 if TYPE_CHECKING:  # push (nats-py, asyncio) is imported when first needed
     from ralph_mail.store.nats.push import Loop
@@ -51,10 +56,49 @@ PULL_STOP_S: Final = 0.1
 KEPT_LINES: Final = 256
 #: Keys looked up one by one before the bucket's watch starts (see `NatsStore._watched`).
 WATCH_AFTER: Final = 8
+#: Bytes a line of a log takes at most, its newline included: above NATS's own ceiling
+#: on a message (64 MiB). A subject found empty goes on past this much per message the
+#: stream ever had (see `Logs._emptied`).
+LINE_BOUND: Final = 1 << 27
 #: Index messages read first, hoping they are all (see `NatsStore.index_tail`).
 INDEX_PROBE: Final = 64
 #: Tries of an append that keeps losing the race for its subject's end.
 APPEND_TRIES: Final = 1000
+
+_EXPECTED: Final = "Nats-Expected-Last-Subject-Sequence"
+#: JetStream's error codes: stream not found; wrong last sequence (another writer was
+#: first); JetStream off (for the server, for the account); JetStream there but not
+#: answering for now (no meta leader, not the leader, a stream offline).
+_NO_STREAM: Final = 10059
+_WRONG_LAST: Final = 10071
+_JETSTREAM_OFF: Final = (10076, 10039)
+_JETSTREAM_AWAY: Final = (10008, 10009, 10118)
+
+
+def _may_repeat(subject: str, headers: dict[str, str] | None) -> bool:
+    """Whether a request may be sent again when its connection breaks or its answer
+    does not come: all but a consumer's pull (the waiter makes another) and a change of
+    a key made over its revision that is not idempotent (a state, a rate, the roster:
+    applied twice). An append carries a ``Nats-Msg-Id`` (stored once); a cursor or a
+    claim written over its revision twice is written once (`claims` reads it back)."""
+    if subject.startswith("$JS.API.CONSUMER.MSG.NEXT."):
+        return False
+    if subject.startswith("$KV.") and _EXPECTED in (headers or {}):
+        return subject.split(".", 2)[2].startswith(("cursor.", "claim."))
+    return True
+
+
+def code_of(answer: dict[str, Any]) -> int | None:
+    """The error code of a JetStream API answer, or None."""
+    error = answer.get("error")
+    return int(error.get("err_code", 0)) if isinstance(error, dict) else None
+
+
+def jetstream_off(shown: str) -> str:
+    """The one line for a server without JetStream."""
+    return (f"the NATS server at {shown} has JetStream off, which the nats backend needs: "
+            "start it with -js (nats-server -js), or add 'jetstream {}' to its "
+            "configuration")  # fmt: skip
 
 
 class TeamStream:
@@ -62,6 +106,7 @@ class TeamStream:
 
     def __init__(self, url: str, team: str, *, durable: bool = False) -> None:
         self.url, self.team, self.durable = url, team, durable
+        self.shown = redacted(url)  # the URL as messages show it (no password)
         self.stream = stream_of(team)
         self._prefix = prefix_of(team)
         self._seqs: dict[str, dict[int, int]] = {}  # subject -> offset -> stream seq
@@ -81,7 +126,7 @@ class TeamStream:
         except (StoreError, InboxBusy, FileExistsError, FileNotFoundError):
             raise
         except Exception as exc:
-            raise StoreError(f"NATS {self.url}: {exc or exc.__class__.__name__}") from None
+            raise StoreError(f"NATS {self.shown}: {exc or exc.__class__.__name__}") from None
 
     def _ask(
         self,
@@ -93,31 +138,81 @@ class TeamStream:
         timeout: float = REQUEST_S,
         pull: bool = False,
     ) -> list[Reply]:
-        """One round trip over this thread's `Wire` (no hop to the loop's thread)."""
-        read = subject.startswith(("$JS.API.DIRECT.GET.", "$JS.API.STREAM."))  # asked again
-        try:  # (a read meeting a broken connection is asked again over a new one)
+        """One round trip over this thread's `Wire` (no hop to the loop's thread). No
+        responders (503) is JetStream off (said at once), the team gone (no team), or
+        JetStream unavailable for a while (a leader election, a restart): asked again
+        until ``timeout``, or for as long as the process is patient."""
+        tries = Tries(time.monotonic() + timeout, f"the NATS server at {self.shown}")
+        while True:
+            replies = self._round_trip(subject, payload, headers, batch, timeout, pull)
+            if pull or replies[0].status != "503":
+                return replies
+            self._no_responders(subject, tries)
+
+    def _round_trip(
+        self,
+        subject: str,
+        payload: bytes,
+        headers: dict[str, str] | None,
+        batch: bool,
+        timeout: float,
+        pull: bool,
+    ) -> list[Reply]:
+        again = _may_repeat(subject, headers)
+        try:
             wire = Wire.for_thread(self.url)
-            return wire.request(subject, payload, headers, batch=batch, again=read,
+            return wire.request(subject, payload, headers, batch=batch, again=again,
                                 timeout=timeout, pull=pull)  # fmt: skip
         except TooBig as exc:
-            raise StoreError(f"NATS {self.url}: {exc}: send less, or raise max_payload in "
+            raise StoreError(f"NATS {self.shown}: {exc}: send less, or raise max_payload in "
                              "the server's configuration") from None  # fmt: skip
-        except NeverReached as exc:
+        except (NeverReached, Refused) as exc:
             raise StoreError(str(exc)) from None  # (it names the server and the fix)
         except WireError as exc:
-            raise StoreError(f"NATS {self.url}: {exc}") from None
-        except TimeoutError as exc:
-            raise StoreError(f"NATS {self.url}: {exc}") from None
+            raise StoreError(f"NATS {self.shown}: {exc}") from None
+        except TimeoutError:
+            raise StoreError(self._unavailable(f"no answer within {timeout:g} s")) from None
+
+    def _unavailable(self, why: str) -> str:
+        """The one line for a server that is there and does not answer (yet)."""
+        return (f"the NATS server at {self.shown} is unavailable ({why}: a leader "
+                "election, a restart or an overload): tried again until the bound; run "
+                "the command again once it is back")  # fmt: skip
+
+    def _no_responders(self, subject: str, tries: Tries) -> None:
+        """After a 503: raise what it means, or return to ask again (see `_ask`)."""
+        if not Wire.for_thread(self.url).jetstream:
+            raise StoreError(jetstream_off(self.shown))
+        if not subject.startswith("$JS.API."):  # a stream's subject: is the stream there?
+            probe = self._round_trip(f"$JS.API.STREAM.INFO.{self.stream}", b"", None, False,
+                                     TRY_S, False)[0]  # fmt: skip
+            code = code_of(orjson.loads(probe.data)) if probe.status is None else None
+            if code == _NO_STREAM:
+                raise FileNotFoundError(f"no team {self.team!r} at {self.shown}")
+            if code in _JETSTREAM_OFF:
+                raise StoreError(jetstream_off(self.shown))
+        if not tries.again("JetStream does not answer"):
+            raise StoreError(self._unavailable("JetStream does not answer"))
 
     def _api(self, subject: str, request: dict[str, Any]) -> dict[str, Any]:
-        """A JetStream API request's answer; a stream not found is no team."""
-        answer = self._ask(f"$JS.API.{subject}", orjson.dumps(request))[0]
-        if answer.status is not None:
-            self._missing(answer)
-        found: dict[str, Any] = orjson.loads(answer.data)
-        if found.get("error", {}).get("err_code") == 10059:  # stream not found
-            raise FileNotFoundError(f"no team {self.team!r} at {self.url}")
-        return found
+        """A JetStream API request's answer; a stream not found is no team; JetStream
+        unavailable for now is asked again, as in `_ask`."""
+        tries = Tries(time.monotonic() + REQUEST_S, f"the NATS server at {self.shown}")
+        while True:
+            answer = self._ask(f"$JS.API.{subject}", orjson.dumps(request))[0]
+            if answer.status is not None:
+                self._missing(answer)
+            found: dict[str, Any] = orjson.loads(answer.data)
+            code = code_of(found)
+            if code == _NO_STREAM:
+                raise FileNotFoundError(f"no team {self.team!r} at {self.shown}")
+            if code in _JETSTREAM_OFF:
+                raise StoreError(jetstream_off(self.shown))
+            if code not in _JETSTREAM_AWAY:
+                return found
+            why = str(found["error"].get("description", "JetStream unavailable"))
+            if not tries.again(why):
+                raise StoreError(self._unavailable(why))
 
     def _subject(self, key: str) -> str:
         """The subject of log ``key``: an inbox, ``#channel``, ``log:name``, ``ix:key`` or
@@ -148,10 +243,8 @@ class TeamStream:
         """Return on "no such message"; raise anything else the server says."""
         if answer.status in ("404", "408"):
             return
-        if answer.status == "503":
-            raise FileNotFoundError(f"no team {self.team!r} at {self.url}")
         why = answer.headers.get("Description", "")
-        raise StoreError(f"NATS {self.url}: {answer.status} {why}")
+        raise StoreError(f"NATS {self.shown}: {answer.status} {why}")
 
     def _batch(self, subject: str, seq: int, count: int) -> list[Reply]:
         """Up to ``count`` messages of ``subject`` from stream sequence ``seq``: one
@@ -193,13 +286,13 @@ class TeamStream:
         when an expected last sequence was not the last (another writer got there
         first)."""
         answer = self._ask(subject, payload, headers, timeout=timeout)[0]
-        if answer.status is not None:  # 503: no stream takes that subject
+        if answer.status is not None:
             self._missing(answer)
-            raise FileNotFoundError(f"no team {self.team!r} at {self.url}")
+            raise StoreError(f"NATS {self.shown}: {answer.status} to a publish")
         ack: dict[str, Any] = orjson.loads(answer.data)
         error = ack.get("error")
         if error is None:
             return ack
-        if error.get("err_code") == 10071:
+        if error.get("err_code") == _WRONG_LAST:
             return None
-        raise StoreError(f"NATS {self.url}: {error.get('description', error)}")
+        raise StoreError(f"NATS {self.shown}: {error.get('description', error)}")

@@ -39,6 +39,14 @@ if TYPE_CHECKING:
     from ralph_mail.store.search import Query, SearchIndex
 
 
+def start_of(raw: bytes | None) -> int | None:
+    """An inbox's start (``base.<agent>``: where gc moved it up to), or None when there
+    is none or it is of the wrong shape (then taken as 0: gc writes it again)."""
+    if raw is None or not (raw.isascii() and raw.isdigit()) or len(raw) > 19:
+        return None
+    return int(raw)
+
+
 class NatsStore(Commits):
     """One team on a NATS server (see the module docstring)."""
 
@@ -74,13 +82,12 @@ class NatsStore(Commits):
         return Compaction(agent, floor - base, end - floor, floor, dropped)
 
     def _base(self, agent: str) -> int:
-        raw = self._kv_get(f"base.{kv_key(agent)}")
-        return int(raw) if raw else 0
+        return start_of(self._kv_get(f"base.{kv_key(agent)}")) or 0
 
     def _ordinal(self, subject: str, offset: int) -> int:
         """How many lines of ``subject`` come before ``offset``."""
-        at = self._seq_at(subject, offset)
-        found = self._get(subject, at[0]) if at is not None else None
+        seq, _ = self._seq_at(subject, offset)
+        found = self._get(subject, seq) if seq else None
         if found is None:  # at the end: every line comes before it
             return self._tail(subject)[2]
         return int(found.headers["Ralph-N"]) - 1
@@ -111,7 +118,7 @@ class NatsStore(Commits):
         """From the bucket's watch (a test after every consume: no round trip); a base
         moved a moment ago elsewhere only makes `compact` look, and it reads it exactly."""
         found = self._watched(f"base.{kv_key(agent)}")
-        return max(0, floor - (int(found[0]) if found is not None else 0))
+        return max(0, floor - ((start_of(found[0]) or 0) if found is not None else 0))
 
     # -- search ---------------------------------------------------------------------------
 

@@ -48,7 +48,7 @@ class Waiter:
         made = self._store._api(f"CONSUMER.CREATE.{stream}", {"stream_name": stream,
                                                              "config": config})  # fmt: skip
         if "error" in made:
-            raise StoreError(f"NATS {self._store.url}: {made['error'].get('description')}")
+            raise StoreError(f"NATS {self._store.shown}: {made['error'].get('description')}")
         self._name = str(made["name"])
 
     def wait(self, timeout: float, stop: StopEvent | None = None) -> bool:

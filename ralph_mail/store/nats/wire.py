@@ -9,8 +9,9 @@ protocol's few words (CONNECT, SUB, PUB/HPUB, MSG/HMSG, PING/PONG); nats-py keep
 bucket's watch and the rarer JetStream administration.
 
 A request that cannot be sent (no server yet, a reconnect) is tried again until its
-deadline; one that was sent and met a broken connection is not (it may have been
-stored): it raises, as a timeout would.
+deadline, or for as long as the process is patient (`ralph_mail.store.outage`); one that
+was sent and met a broken connection is not (it may have been stored): it raises, as a
+timeout would. A login the server refuses is said at once, and never tried again.
 """
 
 from __future__ import annotations
@@ -23,11 +24,27 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import ClassVar, Final
-from urllib.parse import unquote, urlsplit
+from typing import ClassVar, Final, NamedTuple
+from urllib.parse import SplitResult, unquote, urlsplit
 
-#: How long a request may take by default (s).
-REQUEST_S: Final = 10.0
+from ralph_mail.store.outage import Tries, answered
+
+
+def _seconds(name: str, default: float) -> float:
+    try:
+        return max(0.5, float(os.environ.get(name, default)))
+    except ValueError:
+        return default
+
+
+#: How long a request may take by default, its tries included (s): a one-off command
+#: meeting a server that is away gives up after it. ``RALPH_NATS_TIMEOUT_S`` sets it
+#: (read once, when the store is first imported).
+REQUEST_S: Final = _seconds("RALPH_NATS_TIMEOUT_S", 10.0)
+#: How long one try of a request that may be sent again waits for its answer (s).
+TRY_S: Final = 3.0
+#: How long the greeting of a server just reached may take (s).
+_HANDSHAKE_S: Final = 2.0
 _CRLF: Final = b"\r\n"
 
 
@@ -59,9 +76,54 @@ class NeverReached(Unreachable):
     with the fix."""
 
 
+class Refused(WireError):
+    """The server refused the login (no user, a wrong password or token): said at once,
+    never tried again."""
+
+
 class TooBig(WireError):
     """A message over the server's ``max_payload``: refused before it is sent (the
     server would close the connection on it)."""
+
+
+class Address(NamedTuple):
+    """Where a NATS URL points, and the login it carries."""
+
+    host: str
+    port: int
+    tls: bool
+    user: str | None
+    password: str | None
+
+
+def address(url: str) -> Address:
+    """``url``'s parts; `ValueError` saying what is wrong with it and the fix."""
+    try:
+        where = urlsplit(url)
+        port = where.port
+    except ValueError as exc:  # a port that is no number (:abc), a host that is no host
+        raise ValueError(f"invalid NATS URL {redacted(url)!r} ({exc}): use "
+                         "nats://HOST:PORT, e.g. nats://127.0.0.1:4222") from None  # fmt: skip
+    if where.scheme not in ("nats", "tls") or not where.hostname:
+        raise ValueError(f"invalid NATS URL {redacted(url)!r}: use nats://HOST:PORT (or "
+                         "tls://HOST:PORT), e.g. nats://127.0.0.1:4222")  # fmt: skip
+    user = unquote(where.username) if where.username else None
+    password = unquote(where.password) if where.password is not None else None
+    return Address(where.hostname, port or 4222, where.scheme == "tls", user, password)
+
+
+def redacted(url: str) -> str:
+    """``url`` fit to be shown: a password (or a token) in it as ``***``."""
+    try:
+        where = urlsplit(url)
+    except ValueError:
+        return url.rpartition("@")[2]
+    if "@" not in where.netloc:
+        return url
+    login, _, place = where.netloc.rpartition("@")
+    user, colon, _ = login.partition(":")
+    hidden = f"{user}:***" if colon else "***"
+    return SplitResult(where.scheme, f"{hidden}@{place}", *where[2:]).geturl()
 
 
 class Wire:
@@ -72,11 +134,13 @@ class Wire:
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self.shown = redacted(url)  # the URL as messages show it
         self._sock: socket.socket | None = None
         self._buf = b""
         self._asked = 0
         self._inbox = f"_INBOX.{os.urandom(8).hex()}"
         self.max_payload = 1 << 20  # what the server says when it is reached
+        self.jetstream = True  # whether it says JetStream is on (its INFO's "jetstream")
 
     @classmethod
     def for_thread(cls, url: str) -> Wire:
@@ -92,8 +156,12 @@ class Wire:
     def _connect(self, deadline: float) -> None:
         """Connect, and try again until ``deadline`` when this process reached the
         server before (it is restarting); at once, the first time (nothing there)."""
-        where = urlsplit(self.url)
-        host, port = where.hostname or "127.0.0.1", where.port or 4222
+        try:
+            where = address(self.url)
+        except ValueError as exc:
+            raise NeverReached(str(exc)) from None
+        host, port = where.host, where.port
+        tries = Tries(deadline, f"the NATS server at {self.shown}")
         while True:
             try:
                 sock = socket.create_connection((host, port), max(0.1, deadline - time.monotonic()))
@@ -101,29 +169,42 @@ class Wire:
             except OSError as exc:
                 if (os.getpid(), self.url) not in Wire._reached:
                     raise NeverReached(
-                        f"cannot reach the NATS server at {self.url} ({exc}): start it "
+                        f"cannot reach the NATS server at {self.shown} ({exc}): start it "
                         "(nats-server -js) or check RALPH_BACKEND"
                     ) from None
-                if time.monotonic() + 0.2 >= deadline:
+                if not tries.again(str(exc)):
                     raise Unreachable(f"cannot reach {host}:{port} ({exc})") from None
-                time.sleep(0.2)  # a server restarting: as nats-py, try again shortly
+        deadline = max(deadline, time.monotonic() + _HANDSHAKE_S)  # (patient: past it)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock, self._buf = sock, b""
+        try:
+            self._greet(where, deadline)
+        except WireError:
+            raise
+        except OSError as exc:  # closed, reset, TLS refused: as a connection that broke
+            self.close()
+            raise WireError(f"{host}:{port} closed the connection ({exc})") from None
+
+    def _greet(self, where: Address, deadline: float) -> None:
+        """INFO, CONNECT (and TLS first, when asked), PING: PONG, or why not."""
+        assert self._sock is not None
+        sock, host, port = self._sock, where.host, where.port
         line = self._line(deadline)
         if not line.startswith(b"INFO "):
             raise WireError(f"{host}:{port} is not a NATS server")
         info = json.loads(line[5:])
         self.max_payload = int(info.get("max_payload", self.max_payload))
-        if where.scheme == "tls" or info.get("tls_required"):
+        self.jetstream = bool(info.get("jetstream"))
+        if where.tls or info.get("tls_required"):
             context = ssl.create_default_context()
             self._sock = context.wrap_socket(sock, server_hostname=host)
         options: dict[str, object] = {"verbose": False, "pedantic": False, "headers": True,
                                       "no_responders": True, "protocol": 1,
                                       "lang": "python-ralph", "version": "1"}  # fmt: skip
-        if where.username and where.password is not None:
-            options["user"], options["pass"] = unquote(where.username), unquote(where.password)
-        elif where.username:
-            options["auth_token"] = unquote(where.username)
+        if where.user is not None and where.password is not None:
+            options["user"], options["pass"] = where.user, where.password
+        elif where.user is not None:
+            options["auth_token"] = where.user
         self._send(b"CONNECT " + json.dumps(options).encode() + _CRLF
                    + f"SUB {self._inbox}.* 1".encode() + _CRLF + b"PING" + _CRLF)  # fmt: skip
         while True:
@@ -132,7 +213,14 @@ class Wire:
                 Wire._reached.add((os.getpid(), self.url))
                 return
             if line.startswith(b"-ERR"):
-                raise WireError(f"{host}:{port} refused the connection: {line[5:].decode()}")
+                self.close()
+                why = line[5:].decode(errors="replace").strip(" '")
+                if not any(word in why.lower() for word in ("authori", "authenti")):
+                    raise WireError(f"{host}:{port} refused the connection: {why}")
+                login = "a user and password (nats://USER:PASS@HOST:PORT) or a token " \
+                        "(nats://TOKEN@HOST:PORT)"  # fmt: skip
+                raise Refused(f"the NATS server at {self.shown} refused the login ({why}): "
+                              f"give {login} that it accepts")  # fmt: skip
 
     def _alive(self) -> bool:
         """False when the server has closed the connection (a look, no wait)."""
@@ -168,20 +256,28 @@ class Wire:
     ) -> list[Reply]:
         """Publish ``payload`` to ``subject`` and return its answer: one message, or
         with ``batch`` every message up to the one carrying a status (a batched direct
-        get's end). Raises `WireError` when the connection broke after it was sent
-        (``again``: a read, sent again over a new one), and `TimeoutError` when no
-        answer came in time. ``pull``: a consumer's next message, which comes under its
-        own subject (a late one, of a pull given up on, is as good: every message pulled
-        is a stored line)."""
+        get's end). Raises `WireError` when the connection broke after it was sent, and
+        `TimeoutError` when no answer came in time. ``again``: a request that may be
+        sent twice (a read, a publish the server deduplicates), sent again over a new
+        connection, or when no answer came within `TRY_S` (a leader election lost it),
+        until ``timeout``, or for as long as the process is patient. ``pull``: a
+        consumer's next message, which comes under its own subject (a late one, of a
+        pull given up on, is as good: every message pulled is a stored line)."""
         deadline = time.monotonic() + timeout
+        tries = Tries(deadline, f"the NATS server at {self.shown}")
         while True:
+            answer_by = min(deadline, time.monotonic() + TRY_S) if again else deadline
             try:
-                return self._request(subject, payload, headers, deadline, batch, pull)
-            except Unreachable:
-                raise  # (connecting tried again until the deadline already)
-            except WireError:
-                if not again or time.monotonic() >= deadline:
+                replies = self._request(subject, payload, headers, deadline, batch, pull,
+                                        answer_by)  # fmt: skip
+                answered(tries.where)
+                return replies
+            except (Unreachable, Refused):
+                raise  # (connecting tried again until the deadline already, or must not)
+            except (WireError, TimeoutError) as exc:
+                if not again or not tries.again(str(exc) or "no answer"):
                     raise
+                deadline = max(deadline, time.monotonic() + TRY_S)  # (patient: past it)
 
     def _request(
         self,
@@ -191,7 +287,10 @@ class Wire:
         deadline: float,
         batch: bool,
         pull: bool = False,
+        answer_by: float | None = None,
     ) -> list[Reply]:
+        """One try: connect (until ``deadline``), send, and wait for the answer until
+        ``answer_by`` (the deadline by default)."""
         self._asked += 1
         reply = f"{self._inbox}.{self._asked}".encode()
         if headers:
@@ -221,11 +320,11 @@ class Wire:
             except OSError:
                 self.close()  # a connection that broke while idle: once more, anew
                 if attempt:
-                    raise WireError(f"lost the connection to {self.url}") from None
+                    raise WireError(f"lost the connection to {self.shown}") from None
         found: list[Reply] = []
         try:
             while True:
-                answer = self._next(reply, deadline, pull)
+                answer = self._next(reply, deadline if answer_by is None else answer_by, pull)
                 if not batch:
                     return [answer]
                 if answer.status is not None:
@@ -237,7 +336,7 @@ class Wire:
             raise  # the connection stays: a late answer goes to a reply no one waits on
         except OSError as exc:
             self.close()
-            raise WireError(f"lost the connection to {self.url} ({exc})") from None
+            raise WireError(f"lost the connection to {self.shown} ({exc})") from None
 
     def _next(self, reply: bytes, deadline: float, pull: bool = False) -> Reply:
         """The next message sent to ``reply`` (others, late answers, are dropped)."""
@@ -257,7 +356,7 @@ class Wire:
             if line == b"PING":
                 self._send(b"PONG" + _CRLF)
             elif line.startswith(b"-ERR"):
-                raise WireError(f"{self.url}: {line[5:].decode(errors='replace')}")
+                raise WireError(f"{self.shown}: {line[5:].decode(errors='replace')}")
 
     # -- bytes ------------------------------------------------------------------------
 
@@ -269,12 +368,12 @@ class Wire:
         assert self._sock is not None
         left = deadline - time.monotonic()
         if left <= 0:
-            raise TimeoutError(f"no answer from {self.url} in time")
+            raise TimeoutError(f"no answer from {self.shown} in time")
         self._sock.settimeout(left)
         try:
             chunk = self._sock.recv(1 << 16)
         except TimeoutError:
-            raise TimeoutError(f"no answer from {self.url} in time") from None
+            raise TimeoutError(f"no answer from {self.shown} in time") from None
         if not chunk:
             raise ConnectionResetError("the server closed the connection")
         self._buf += chunk
