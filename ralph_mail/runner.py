@@ -59,6 +59,7 @@ from ralph_mail.errors import BudgetExceeded, InvalidMessage, MailError, Refused
 from ralph_mail.govern import presence, tasklog
 from ralph_mail.message import Message, MessageType, fit_text, parse_ts
 from ralph_mail.store.base import StopEvent, Waiter
+from ralph_mail.store.outage import patient
 
 #: What starts a run, by message type, and the pattern its child is told.
 PATTERNS: Final[dict[str, str]] = {
@@ -221,7 +222,12 @@ class Runner:
         """Answer what comes until ``stop`` is set; then let running jobs finish (killing
         them after `STOP_GRACE_S`). `InboxBusy` when another process consumes the inbox.
         ``ready`` is called once the agent is online. Once stopped it is offline (until
-        anything of the agent is active again)."""
+        anything of the agent is active again). A store whose server goes away (NATS) is
+        waited for, saying so once, until it is back or ``stop`` is set."""
+        with patient(stop=stop, say=_note):  # a server that goes away is waited for
+            self._serve(stop, ready)
+
+    def _serve(self, stop: StopEvent | None, ready: Callable[[], object] | None) -> None:
         self.bus.peek()  # claims the inbox (a second runner is refused here): online now
         self.bus.set_presence("idle")
         children.prepare()  # the first job's keeper starts now, not when the job comes

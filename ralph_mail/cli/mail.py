@@ -362,7 +362,8 @@ def read(
             return 0
         bus = who.bus()
         try:
-            return deliver(bus.peek(), json, bus.commit)
+            messages, mark = bus.peek(), bus.mark()
+            return deliver(messages, json, bus.commit, lambda: bus.rewind(mark))
         finally:
             bus.close()
 
@@ -392,17 +393,29 @@ def wait(
     """
 
     def action() -> int:
+        import time
+
+        from ralph_mail.store.outage import patient
+
         if timeout is not None and timeout < 0:
             raise MailError(f"invalid --timeout {timeout}: give a number of seconds >= 0")
+        # A wait outlasts a server that goes away (a network backend's), until its timeout.
+        until = None if timeout is None else time.monotonic() + timeout
+        with patient(until=until, say=lambda line: error_line(line, "note")):
+            return waited()
+
+    def waited() -> int:
         bus = identity(home, team, agent).bus()
         try:
             if type is None:
                 messages = bus.wait_for_messages(timeout, consume=False)
-                deliver(messages, json, bus.commit)
+                mark = bus.mark()
+                deliver(messages, json, bus.commit, lambda: bus.rewind(mark))
             else:
                 found = bus.wait_for_message(type, timeout, consume=False)
                 messages = [found] if found is not None else []
-                deliver(messages, json, lambda message: bus.consume(message))
+                mark = bus.mark()
+                deliver(messages, json, bus.consume, lambda: bus.rewind(mark))
         finally:
             bus.close()
         return 0 if messages else EXIT_NOTHING

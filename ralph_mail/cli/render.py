@@ -83,39 +83,67 @@ def deliver(
     messages: Iterable[Message],
     json_out: bool = False,
     commit: Callable[[Message], object] | None = None,
+    rewind: Callable[[], object] | None = None,
 ) -> int:
-    """Print ``messages`` one at a time, each written out before the next, then
-    ``commit`` through the last one that went out: a reader that goes away (``| head``)
+    """Print ``messages`` one at a time, each written out before the next, and consume
+    (``commit``) through the last one that went out: a reader that goes away (``| head``)
     or an output that fails (a full disk, a closed stdout) consumes only what it got.
+
+    With ``rewind`` (it makes unread again what ``commit`` consumed), they are consumed
+    before the first is printed, so nothing is printed that is not consumed: a commit
+    that fails (a store out of reach) prints nothing; an output that fails is rewound,
+    and what went out is consumed again. Without it, ``commit`` follows the printing.
 
     Returns 0, or 141 when the reader went away.
     """
-    written: Message | None = None
+    shown = list(messages)
+    first = rewind is not None and commit is not None and bool(shown)
+    if first and commit is not None:
+        _consume_first(commit, shown[-1])
+    written = 0
     try:
-        for message in messages:
+        for message in shown:
             _write_out(message, json_out)
-            written = message
+            written += 1
     except BrokenPipeError:
-        _commit(commit, written)
+        _settle(commit, rewind if first else None, shown[:written])
         from ralph_mail.cli import EXIT_BROKEN_PIPE, _silence_stdout
 
         _silence_stdout()
         return EXIT_BROKEN_PIPE
     except (OSError, ValueError, AttributeError) as exc:
-        _commit(commit, written)
+        _settle(commit, rewind if first else None, shown[:written])
         from ralph_mail.errors import MailError
 
         reason = getattr(exc, "strerror", None) or "it is closed"
         raise MailError(
             f"cannot write to standard output ({reason}): the messages not shown stay unread"
         ) from None
-    _commit(commit, written)
+    if not first:
+        _settle(commit, None, shown)
     return 0
 
 
-def _commit(commit: Callable[[Message], object] | None, written: Message | None) -> None:
-    if commit is not None and written is not None:
-        commit(written)
+def _consume_first(commit: Callable[[Message], object], last: Message) -> None:
+    from ralph_mail.errors import MailError
+
+    try:
+        commit(last)
+    except MailError as exc:
+        raise MailError(f"could not consume the messages ({exc}): nothing was shown, they "
+                        "stay unread") from None  # fmt: skip
+
+
+def _settle(
+    commit: Callable[[Message], object] | None,
+    rewind: Callable[[], object] | None,
+    written: list[Message],
+) -> None:
+    """Consume what went out: after a `rewind` of what was consumed first, when given."""
+    if rewind is not None:
+        rewind()
+    if commit is not None and written:
+        commit(written[-1])
 
 
 def _write_out(message: Message, json_out: bool) -> None:
