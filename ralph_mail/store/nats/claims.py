@@ -179,8 +179,14 @@ class Claims(Bucket):
                 )
             value = self._lease()
             taken = self._kv_write(key, value, last=revision)
-            if taken is None:  # another process took it meanwhile: look again
-                continue
+            if taken is None:  # another process took it meanwhile (look again), or not
+                raw, now = self._kv_entry(key)
+                if now == revision:  # no one wrote it: the server did not take the write
+                    raise StoreError(self._unavailable("the claim could not be written"))
+                now_held = holder_of(raw)
+                if now_held is None or now_held[:2] != self._me:
+                    continue
+                taken = now  # (a try of mine whose answer was lost)
             with self._claim_lock:
                 self._claims[agent], self._confirmed[agent] = taken, time.monotonic()
                 self._lost.pop(agent, None)
@@ -203,7 +209,7 @@ class Claims(Bucket):
                     self._cursors[agent] = written
                 self._stamped[agent] = cursor
                 return
-        raise InboxBusy(f"the inbox of {agent!r} is being claimed by another process")
+        raise StoreError(self._unavailable("the cursor could not be written"))
 
     def _lease(self) -> bytes:
         return orjson.dumps({"pid": self._me[0], "host": self._me[1],

@@ -67,10 +67,12 @@ APPEND_TRIES: Final = 1000
 
 _EXPECTED: Final = "Nats-Expected-Last-Subject-Sequence"
 #: JetStream's error codes: stream not found; wrong last sequence (another writer was
-#: first); JetStream off (for the server, for the account); JetStream there but not
-#: answering for now (no meta leader, not the leader, a stream offline).
+#: first); a publish sent again while the first is under way; JetStream off (for the
+#: server, for the account); JetStream there but not answering for now (no meta leader,
+#: not the leader, a stream offline).
 _NO_STREAM: Final = 10059
-_WRONG_LAST: Final = 10071
+_WRONG_LAST: Final = (10071, 10164)  # (with the sequence; without it, on a cluster)
+_IN_PROCESS: Final = 10158  # "duplicate message id is in process": a try still under way
 _JETSTREAM_OFF: Final = (10076, 10039)
 _JETSTREAM_AWAY: Final = (10008, 10009, 10118)
 
@@ -184,8 +186,11 @@ class TeamStream:
         if not Wire.for_thread(self.url).jetstream:
             raise StoreError(jetstream_off(self.shown))
         if not subject.startswith("$JS.API."):  # a stream's subject: is the stream there?
-            probe = self._round_trip(f"$JS.API.STREAM.INFO.{self.stream}", b"", None, False,
-                                     TRY_S, False)[0]  # fmt: skip
+            try:
+                probe = self._round_trip(f"$JS.API.STREAM.INFO.{self.stream}", b"{}", None,
+                                         False, TRY_S, False)[0]  # fmt: skip
+            except StoreError:  # (no answer: as unavailable as the request)
+                probe = Reply({"Status": "408"})
             code = code_of(orjson.loads(probe.data)) if probe.status is None else None
             if code == _NO_STREAM:
                 raise FileNotFoundError(f"no team {self.team!r} at {self.shown}")
@@ -285,14 +290,20 @@ class TeamStream:
         """Publish to a stream (the team's, or its bucket's) and return its ack; None
         when an expected last sequence was not the last (another writer got there
         first)."""
-        answer = self._ask(subject, payload, headers, timeout=timeout)[0]
-        if answer.status is not None:
-            self._missing(answer)
-            raise StoreError(f"NATS {self.shown}: {answer.status} to a publish")
-        ack: dict[str, Any] = orjson.loads(answer.data)
-        error = ack.get("error")
-        if error is None:
-            return ack
-        if error.get("err_code") == _WRONG_LAST:
-            return None
-        raise StoreError(f"NATS {self.shown}: {error.get('description', error)}")
+        tries = Tries(time.monotonic() + timeout, f"the NATS server at {self.shown}")
+        while True:
+            answer = self._ask(subject, payload, headers, timeout=timeout)[0]
+            if answer.status is not None:
+                self._missing(answer)
+                raise StoreError(f"NATS {self.shown}: {answer.status} to a publish")
+            ack: dict[str, Any] = orjson.loads(answer.data)
+            code, error = code_of(ack), ack.get("error", {})
+            if code is None:
+                return ack
+            if code in _WRONG_LAST:
+                return None
+            why = str(error.get("description", error))
+            if code != _IN_PROCESS:
+                raise StoreError(f"NATS {self.shown}: {why}")
+            if not tries.again(why):  # (a try before this one is not stored yet: no leader)
+                raise StoreError(self._unavailable(why))

@@ -42,7 +42,7 @@ def _seconds(name: str, default: float) -> float:
 #: (read once, when the store is first imported).
 REQUEST_S: Final = _seconds("RALPH_NATS_TIMEOUT_S", 10.0)
 #: How long one try of a request that may be sent again waits for its answer (s).
-TRY_S: Final = 3.0
+TRY_S: Final = 1.0
 #: How long the greeting of a server just reached may take (s).
 _HANDSHAKE_S: Final = 2.0
 _CRLF: Final = b"\r\n"
