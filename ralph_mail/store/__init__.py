@@ -38,7 +38,7 @@ def backend(home: Path, url: str = "") -> Backend:
             raise MailError(
                 f"backend {url!r} needs the nats extra: pip install 'ralph_mail[nats]'"
             ) from None
-        return NatsBackend(url)
+        return NatsBackend(url, home)
     if url.startswith("memory://") and len(url) > len("memory://"):
         from ralph_mail.store.memory import memory_backend
 

@@ -242,7 +242,8 @@ class Primitives(Protocol):
 class TeamStore(Primitives, Protocol):
     """Everything one team keeps: the `Primitives`, and records built over them.
 
-    The records: cursors (`load_cursor`, `save_cursor`, `drop_cursor`), presence
+    The records: the tails of several logs at once (`read_tails`), cursors
+    (`load_cursor`, `save_cursor`, `drop_cursor`), presence
     (`save_presence`, `load_presence`), set-aside lines (`dead_letter`, `dead_letters`),
     indexes of lines (conversations, threads: `index_add`, `index_extend`,
     `index_start`, `index_tail`),
@@ -251,6 +252,11 @@ class TeamStore(Primitives, Protocol):
     each over the primitives; a backend overrides one only to do it faster (the file and
     NATS backends keep their own, in their own formats).
     """
+
+    # Reading several logs at once.
+    def read_tails(self, agents: list[str], lines: int) -> list[tuple[list[bytes], int]]:
+        """`read_tail` of each of ``agents``, in order: at once where the backend can
+        (a network backend in a round trip or two, not two each)."""
 
     # Cursors (keyed state).
     def load_cursor(self, agent: str) -> Cursor:

@@ -151,6 +151,12 @@ class Records:
     Each method is typed on `Primitives`: a subclass provides them, nothing else.
     """
 
+    def read_tails(
+        self: Primitives, agents: list[str], lines: int
+    ) -> list[tuple[list[bytes], int]]:
+        """`read_tail` of each of ``agents``, in order."""
+        return [self.read_tail(agent, lines) for agent in agents]
+
     def load_cursor(self: Primitives, agent: str) -> Cursor:
         """The owner's persisted cursor (the inbox start when it never committed);
         ``#NAME@MEMBER``: a member's cursor in channel NAME's log."""

@@ -128,7 +128,16 @@ class SearchIndex:
         return total
 
     def _insert(self, db: sqlite3.Connection, inbox: str, start: int, data: bytes) -> int:
-        rows = []
+        rows = self._rows(db, inbox, start, data)
+        db.executemany("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        return len(rows)
+
+    def _rows(
+        self, db: sqlite3.Connection, inbox: str, start: int, data: bytes
+    ) -> list[tuple[object, ...]]:
+        """The rows of the messages in ``data`` (whole lines of ``inbox`` from ``start``):
+        a damaged line none, a broadcast's copy after the first none."""
+        rows: list[tuple[object, ...]] = []
         position = start
         for line in data.splitlines(keepends=True):
             at = position
@@ -146,8 +155,7 @@ class SearchIndex:
             thread = envelope.get("thread") or message_id
             rows.append((str(content), sender, recipient, kind, thread, ts, message_id,
                          inbox, at, len(line)))  # fmt: skip
-        db.executemany("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-        return len(rows)
+        return rows
 
     def search(self, query: Query) -> list[tuple[str, int, int]]:
         with self._lock:

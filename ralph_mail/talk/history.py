@@ -77,8 +77,8 @@ class History:
         """
         merged: list[Message] = []
         self.archived = []
-        for agent in self.agents:
-            lines, end = self._store.read_tail(agent, count)
+        tails = self._store.read_tails(self.agents, count)  # (at once on a server)
+        for agent, (lines, end) in zip(self.agents, tails, strict=True):
             self._offsets[agent] = end
             if len(lines) < count and end - sum(len(line) + 1 for line in lines) > 0:
                 self.archived.append(agent)

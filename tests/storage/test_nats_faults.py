@@ -587,3 +587,74 @@ def test_a_leader_lost_reads_as_unavailable_and_is_outlasted_never_as_no_team(
         done = cli(home, url, *args, RALPH_NATS_TIMEOUT_S="3")
         line = one_line(done, 2, "is unavailable")
         assert "no team" not in line
+
+
+# -- what search and tail cost ----------------------------------------------------------
+
+
+class RoundTrips:
+    """Counts the round trips this process makes (`Wire.request`, `Wire.many`)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from ralph_mail.store.nats.wire import Wire
+
+        self.count = 0
+        for name in ("request", "many"):
+            made = getattr(Wire, name)
+
+            def counted(*args: object, _made: Callable[..., object] = made, **kw: object) -> object:
+                self.count += 1
+                return _made(*args, **kw)
+
+            monkeypatch.setattr(Wire, name, counted)
+
+
+def _big_team(home: Path, url: str, agents: int) -> list[str]:
+    names = [f"a{n}" for n in range(agents)]
+    create_team("demo", ["lead", *names], home=home, backend=url)
+    with MessageBus("demo", "lead", home, backend=url) as lead:
+        for n in range(agents * 3):
+            lead.send(names[n % agents], "text", f"note {n}")
+    return names
+
+
+@pytest.mark.parametrize("agents", [4, 24])
+def test_a_search_reads_only_what_is_new_in_one_round_trip(
+    home: Path, monkeypatch: pytest.MonkeyPatch, agents: int
+) -> None:
+    """The index persists in the home: a search in a new process reads nothing it
+    indexed before; with nothing new it costs one round trip, whatever the team."""
+    from ralph_mail.store.search import Query
+
+    url = fresh_nats()
+    _big_team(home, url, agents)
+    first = store_of(home, url)
+    assert len(first.search(Query("note", limit=1000))) == agents * 3
+    first.close()
+    trips = RoundTrips(monkeypatch)
+    again = store_of(home, url)  # (as a new process: nothing in memory)
+    assert again.search(Query("nowhere")) == []
+    assert trips.count == 1
+    with MessageBus("demo", "lead", home, backend=url) as lead:
+        lead.send("a0", "text", "a new needle")
+    trips.count = 0
+    assert [orjson.loads(line)["content"] for line in again.search(Query("needle"))] == [
+        "a new needle"]  # fmt: skip
+    assert trips.count == 4  # what is new: the stream's end, inboxes, channels; the line
+    again.close()
+
+
+@pytest.mark.parametrize("agents", [4, 24])
+def test_the_tails_of_every_inbox_cost_two_round_trips_whatever_the_team(
+    home: Path, monkeypatch: pytest.MonkeyPatch, agents: int
+) -> None:
+    """tail --all reads each inbox's last lines, not the whole inbox, and all of them at
+    once: two round trips for the team, as a rule."""
+    url = fresh_nats()
+    names = _big_team(home, url, agents)
+    store = store_of(home, url)
+    expected = [store._tail_of(store._subject(name), 2) for name in names]
+    trips = RoundTrips(monkeypatch)
+    assert store.read_tails(names, 2) == expected
+    assert trips.count == 2
+    store.close()

@@ -139,6 +139,16 @@ def test_read_tail_returns_the_last_lines_and_the_end(store: TeamStore) -> None:
     assert end == store.size("b")
 
 
+def test_read_tails_is_read_tail_of_each_in_order(store: TeamStore) -> None:
+    """read_tails([a, b], n) is [read_tail(a, n), read_tail(b, n)], an empty inbox too."""
+    for n in range(30):
+        store.append("b", *line(f"m{n}"))
+    store.append("a", *line("one"))
+    for lines in (0, 1, 5, 40):
+        expected = [store.read_tail(agent, lines) for agent in ("a", "b")]
+        assert store.read_tails(["a", "b"], lines) == expected
+
+
 def test_inboxes_are_separate(store: TeamStore) -> None:
     """An append to one inbox is not seen in another."""
     store.append("b", *line("for b"))

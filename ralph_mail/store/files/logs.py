@@ -77,6 +77,10 @@ class Logs(TeamFiles):
         except OSError as exc:
             raise store_error(exc, f"inbox {self.inbox_path(agent)}", "read") from None
 
+    def read_tails(self, agents: list[str], lines: int) -> list[tuple[list[bytes], int]]:
+        """`read_tail` of each: a few reads from each end, nothing to gain at once."""
+        return [self.read_tail(agent, lines) for agent in agents]
+
     def read_line(self, agent: str, offset: int, length: int) -> bytes | None:
         """The line at ``offset``, from the inbox or, once gc collected it, its archive."""
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from ralph_mail.errors import MailError, StoreError
@@ -50,12 +51,12 @@ class NatsBackend:
     The creation and removal of teams go through nats-py (`push`), the rest over the
     store's own connection (`wire`), which says what a failure means in one line."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, home: Path | None = None) -> None:
         try:
             address(url)
         except ValueError as exc:
             raise MailError(f"{exc}; set it with --backend or RALPH_BACKEND") from None
-        self.url = url
+        self.url, self.home = url, home  # home: where a team's index is kept (`index`)
         self._server = TeamStream(url, "")  # the server's API, for no team in particular
 
     def _link(self) -> Loop:
@@ -179,7 +180,7 @@ class NatsBackend:
         return found
 
     def team_store(self, name: str, *, durable: bool = False) -> NatsStore:
-        return NatsStore(self.url, name, durable=durable)
+        return NatsStore(self.url, name, durable=durable, home=self.home)
 
 
 async def _teams(link: Loop) -> Any:

@@ -45,6 +45,9 @@ from ralph_mail.store.nats.waiter import Waiter
 from ralph_mail.store.nats.wire import Reply
 
 _ID = re.compile(rb'"id":"([0-9a-f]{12})"')
+#: How many spans back `Logs.read_tails` looks for a log's last lines, round after
+#: round (a span: the stream's messages per line of the log, times the lines wanted).
+_TAIL_SPANS = (1.5, 6.0)
 #: JetStream's "no message found" (a message another process removed first).
 _NO_MESSAGE = 10037
 
@@ -65,6 +68,10 @@ def _unplaced(subject: str) -> bool:
     """Whether ``subject`` is no log's: an index's (``ix.``) or commit times' (``ct.``),
     whose messages carry no place."""
     return subject.split(".", 3)[2:3] in (["ix"], ["ct"])  # ralph.<team>.<kind>.<name>
+
+
+def _ordinal(msg: Reply) -> int:
+    return int(msg.headers["Ralph-N"])
 
 
 def _born_key(tail: str) -> str:
@@ -190,8 +197,8 @@ class Logs(Claims):
             foreign = [msg for msg in found if not placed(msg)]
             if not foreign or _unplaced(subject):
                 return found, after
-            for msg in foreign:
-                self._set_aside(subject, msg)
+            for msg in foreign:  # (``subject`` may be a wildcard: the message's own)
+                self._set_aside(msg.headers.get("Nats-Subject", subject), msg)
 
     def _set_aside(self, subject: str, msg: Reply) -> None:
         """A message of a log that carries no place in it (published by anything but the
@@ -323,11 +330,45 @@ class Logs(Claims):
         return b"".join(line + b"\n" for line in lines), start
 
     def read_tail(self, agent: str, lines: int) -> tuple[list[bytes], int]:
-        subject = self._subject(agent)
+        return self.read_tails([agent], lines)[0]
+
+    def read_tails(self, agents: list[str], lines: int) -> list[tuple[list[bytes], int]]:
+        """`read_tail` of each, in two round trips for them all as a rule: the last line
+        of each log (``multi_last``), then one batched get each, all at once
+        (`Wire.many`), from where the first line wanted is guessed to be: as if the
+        log's lines were spread evenly over the stream, `_TAIL_SPANS` spans back (then
+        further, for the logs whose guess fell short). A log still not found, or that
+        ends in a foreign line, is read alone (`_tail_of`)."""
+        subjects = [self._subject(agent) for agent in agents]
+        lasts = self._lasts(subjects) if lines > 0 else {}
+        tails: list[tuple[list[bytes], int] | None] = [None] * len(subjects)
+        plans: dict[int, tuple[int, int, int, int]] = {}  # index -> seq, n, first, end
+        for index, subject in enumerate(subjects):
+            last = lasts.get(subject)
+            if last is not None and placed(last):
+                seq, n = self._seq(last), _ordinal(last)
+                end = self._offset(last) + len(last.data) + 1
+                self._remember(subject, end, seq + 1)
+                plans[index] = (seq, n, max(1, n - lines + 1), end)
+        for spans in _TAIL_SPANS:
+            batch = min(READ_BATCH, int(3 * spans * lines) + 16)
+            asks = [(subjects[index], max(1, seq - int(spans * seq * lines / n) - 1), batch)
+                    for index, (seq, n, _, _) in plans.items()]  # fmt: skip
+            for index, (found, after) in zip(list(plans), self._afters(asks), strict=True):
+                first, end = plans[index][2:]
+                if found and all(map(placed, found)) and _ordinal(found[0]) <= first and not after:
+                    tails[index] = ([msg.data for msg in found if _ordinal(msg) >= first], end)
+                    del plans[index]
+        return [tail if tail is not None else self._tail_of(subject, lines)
+                for subject, tail in zip(subjects, tails, strict=True)]  # fmt: skip
+
+    def _tail_of(self, subject: str, lines: int) -> tuple[list[bytes], int]:
+        """The last ``lines`` lines of ``subject``: the first of them found by bisection
+        on the ordinals, then one batched get."""
         seq, end, n, _ = self._tail(subject)
         if lines <= 0 or not seq:
             return [], end
-        if n <= READ_BATCH:  # a short log: the server finds its first line itself
+        if n <= min(READ_BATCH, 4 * lines + 16):  # a short log: all of it, in one get
             return [msg.data for msg in self._batch(subject, 1, n)[-lines:]], end
         first = max(1, n - lines + 1)
         low, high, start = 1, seq, seq
@@ -337,7 +378,7 @@ class Logs(Claims):
             if msg is None:
                 high = middle - 1
                 continue
-            if int(msg.headers["Ralph-N"]) >= first:
+            if _ordinal(msg) >= first:
                 start, high = self._seq(msg), middle - 1
             else:
                 low = self._seq(msg) + 1

@@ -7,7 +7,9 @@ marked so it never meets a plain one.
 
 from __future__ import annotations
 
+import hashlib
 import re
+from pathlib import Path
 
 _KV_KEY = re.compile(r"[-_=.A-Za-z0-9]+")
 
@@ -48,3 +50,12 @@ def token(name: str) -> str:
 def untoken(token: str) -> str:
     """The name that `token` made ``token`` of."""
     return bytes.fromhex(token[1:]).decode() if token.startswith("=") else token
+
+
+def index_path(home: Path, url: str, stream: str) -> Path:
+    """Where the index of ``stream`` (`index`) on the server at ``url`` lives under
+    ``home``: a file per server (its URL hashed, a password in it left out) and team."""
+    from ralph_mail.store.nats.wire import redacted
+
+    server = hashlib.blake2b(redacted(url).encode(), digest_size=8).hexdigest()
+    return home / "nats" / server / f"{stream}.sqlite3"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import orjson
@@ -161,10 +161,14 @@ class TeamStream:
         pull: bool,
     ) -> list[Reply]:
         again = _may_repeat(subject, headers)
+        return self._on_wire(lambda wire: wire.request(
+            subject, payload, headers, batch=batch, again=again, timeout=timeout, pull=pull
+        ), timeout)  # fmt: skip
+
+    def _on_wire(self, call: Callable[[Wire], _T], timeout: float) -> _T:
+        """``call`` with this thread's `Wire`, what it raises in one line."""
         try:
-            wire = Wire.for_thread(self.url)
-            return wire.request(subject, payload, headers, batch=batch, again=again,
-                                timeout=timeout, pull=pull)  # fmt: skip
+            return call(Wire.for_thread(self.url))
         except TooBig as exc:
             raise StoreError(f"NATS {self.shown}: {exc}: send less, or raise max_payload in "
                              "the server's configuration") from None  # fmt: skip
@@ -260,11 +264,39 @@ class TeamStream:
         """`_batch`, and how many messages of ``subject`` follow those."""
         request = {"seq": max(1, seq), "next_by_subj": subject, "batch": count}
         answers = self._ask(f"$JS.API.DIRECT.GET.{self.stream}", orjson.dumps(request), batch=True)
+        return self._ended(answers)
+
+    def _afters(self, asks: list[tuple[str, int, int]]) -> list[tuple[list[Reply], int]]:
+        """`_after` of each ``(subject, seq, count)``, at once: one round trip for them
+        all (`Wire.many`)."""
+        direct = f"$JS.API.DIRECT.GET.{self.stream}"
+        requests = [
+            (direct, orjson.dumps({"seq": max(1, seq), "next_by_subj": subject, "batch": count}))
+            for subject, seq, count in asks
+        ]
+        if not requests:
+            return []
+        answers = self._on_wire(lambda wire: wire.many(requests), REQUEST_S)
+        return [self._ended(found) for found in answers]
+
+    def _ended(self, answers: list[Reply]) -> tuple[list[Reply], int]:
+        """A batched direct get's messages, and how many follow them (its end says)."""
         end = answers.pop()
         if end.status != "204":
             self._missing(end)
             return answers, 0
         return answers, int(end.headers.get("Nats-Num-Pending", 0))
+
+    def _lasts(self, subjects: list[str]) -> dict[str, Reply]:
+        """The last message of each of ``subjects`` that has one: one batched direct
+        get (``multi_last``), or one each from a server without it (before 2.11)."""
+        request = orjson.dumps({"multi_last": subjects, "batch": len(subjects)})
+        answers = self._ask(f"$JS.API.DIRECT.GET.{self.stream}", request, batch=True)
+        end = answers.pop()
+        if end.status in ("204", "404"):
+            return {msg.headers.get("Nats-Subject", ""): msg for msg in answers}
+        found = ((subject, self._get(subject)) for subject in subjects)
+        return {subject: msg for subject, msg in found if msg is not None}
 
     @staticmethod
     def _offset(msg: Reply) -> int:

@@ -30,13 +30,17 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import orjson
+
+from ralph_mail.errors import StoreError
 from ralph_mail.store.base import Compaction
 from ralph_mail.store.nats.background import flush
 from ralph_mail.store.nats.commits import Commits
-from ralph_mail.store.nats.names import kv_key, untoken
+from ralph_mail.store.nats.names import index_path, kv_key
 
 if TYPE_CHECKING:
-    from ralph_mail.store.search import Query, SearchIndex
+    from ralph_mail.store.nats.index import StreamIndex
+    from ralph_mail.store.search import Query
 
 
 def start_of(raw: bytes | None) -> int | None:
@@ -50,9 +54,12 @@ def start_of(raw: bytes | None) -> int | None:
 class NatsStore(Commits):
     """One team on a NATS server (see the module docstring)."""
 
-    def __init__(self, url: str, team: str, *, durable: bool = False) -> None:
+    def __init__(
+        self, url: str, team: str, *, durable: bool = False, home: Path | None = None
+    ) -> None:
         super().__init__(url, team, durable=durable)
-        self._search: SearchIndex | None = None
+        self._search: StreamIndex | None = None
+        self._search_path = index_path(home, url, self.stream) if home is not None else None
 
     # -- gc -------------------------------------------------------------------------------
 
@@ -123,30 +130,42 @@ class NatsStore(Commits):
     # -- search ---------------------------------------------------------------------------
 
     def search(self, query: Query) -> list[bytes]:
+        """Through the team's index (`index`: brought up to date in one round trip when
+        nothing is new); each line found read back by its stream sequence."""
         import sqlite3
 
-        from ralph_mail.store.search import SearchIndex
+        try:
+            index = self._index()
+            found = index.search(query)
+            seqs = index.seqs([(inbox, offset) for inbox, offset, _ in found])
+        except (sqlite3.Error, OSError) as exc:
+            where = self._search_path or "in memory"
+            raise StoreError(f"the search index {where} failed ({exc}): delete it, and the "
+                             "next search makes it again") from None  # fmt: skip
+        lines = (self._line_at(seq, *place) for seq, place in zip(seqs, found, strict=True))
+        return [line for line in lines if line is not None]  # purged since: not shown
+
+    def _index(self) -> StreamIndex:
+        from ralph_mail.store.nats.index import StreamIndex
 
         if self._search is None:
-            connect = lambda: sqlite3.connect(":memory:", check_same_thread=False)  # noqa: E731
-            self._search = SearchIndex(connect, self.read_audit, self._logs)
-        found = self._search.search(query)
-        lines = (self.read_line(inbox, offset, length) for inbox, offset, length in found)
-        return [line for line in lines if line is not None]
+            self._search = StreamIndex(self, self._search_path)
+        return self._search
 
-    def _logs(self) -> list[str]:
-        """Every inbox and channel of the team that holds a line (a former member's too)."""
-        found = []
-        for kind, mark in (("in", ""), ("ch", "#")):  # (not the indexes: one a thread)
-            wanted = {"subjects_filter": f"{self._prefix}.{kind}.>"}
-            info = self._api(f"STREAM.INFO.{self.stream}", wanted)
-            for subject in info.get("state", {}).get("subjects") or {}:
-                found.append(mark + untoken(subject[len(self._prefix) + len(kind) + 2 :]))
-        return sorted(found)
+    def _line_at(self, seq: int | None, inbox: str, offset: int, length: int) -> bytes | None:
+        """The line at ``offset`` of ``inbox`` (``length`` bytes), read by its stream
+        sequence when the index knows it."""
+        if seq is not None:
+            request = orjson.dumps({"seq": seq})
+            msg = self._ask(f"$JS.API.DIRECT.GET.{self.stream}", request)[0]
+            if (msg.status is None and msg.headers.get("Nats-Subject") == self._subject(inbox)
+                    and msg.headers.get("Ralph-Offset") == str(offset)
+                    and len(msg.data) + 1 == length):  # fmt: skip
+                return msg.data + b"\n"
+        return self.read_line(inbox, offset, length)
 
     def forget_archived(self, agent: str, offset: int) -> None:
-        if self._search is not None:
-            self._search.forget_before(agent, offset)
+        self._index().forget_before(agent, offset)
 
     # -- closing --------------------------------------------------------------------------
 

@@ -279,29 +279,74 @@ class Wire:
                     raise
                 deadline = max(deadline, time.monotonic() + TRY_S)  # (patient: past it)
 
-    def _request(
-        self,
-        subject: str,
-        payload: bytes,
-        headers: dict[str, str] | None,
-        deadline: float,
-        batch: bool,
-        pull: bool = False,
-        answer_by: float | None = None,
-    ) -> list[Reply]:
-        """One try: connect (until ``deadline``), send, and wait for the answer until
-        ``answer_by`` (the deadline by default)."""
+    def many(
+        self, asks: list[tuple[str, bytes]], *, timeout: float = REQUEST_S
+    ) -> list[list[Reply]]:
+        """Batched reads (see ``batch`` of `request`) at once: all published before any
+        answer is read, so that they cost one round trip, not one each; each one's
+        answer sorted out by its reply subject. Sent again as `request` sends a read."""
+        deadline = time.monotonic() + timeout
+        tries = Tries(deadline, f"the NATS server at {self.shown}")
+        while True:
+            try:
+                replies = self._many(asks, deadline, min(deadline, time.monotonic() + TRY_S))
+                answered(tries.where)
+                return replies
+            except (Unreachable, Refused):
+                raise
+            except (WireError, TimeoutError) as exc:
+                if not tries.again(str(exc) or "no answer"):
+                    raise
+                deadline = max(deadline, time.monotonic() + TRY_S)  # (patient: past it)
+
+    def _many(
+        self, asks: list[tuple[str, bytes]], deadline: float, answer_by: float
+    ) -> list[list[Reply]]:
+        replies = [self._reply() for _ in asks]
+        frames = [self._frame(subject, reply, payload, None)[0]
+                  for (subject, payload), reply in zip(asks, replies, strict=True)]  # fmt: skip
+        self._publish(b"".join(frames), 0, deadline)
+        found: dict[bytes, list[Reply]] = {reply: [] for reply in replies}
+        open_ = set(replies)
+        try:
+            while open_:
+                reply, answer = self._next_of(open_, answer_by)
+                if answer.status is None:
+                    found[reply].append(answer)
+                    continue
+                if answer.status == "204" or not found[reply]:
+                    found[reply].append(answer)
+                open_.discard(reply)
+        except TimeoutError:
+            raise
+        except OSError as exc:
+            self.close()
+            raise WireError(f"lost the connection to {self.shown} ({exc})") from None
+        return [found[reply] for reply in replies]
+
+    def _reply(self) -> bytes:
         self._asked += 1
-        reply = f"{self._inbox}.{self._asked}".encode()
+        return f"{self._inbox}.{self._asked}".encode()
+
+    @staticmethod
+    def _frame(
+        subject: str, reply: bytes, payload: bytes, headers: dict[str, str] | None
+    ) -> tuple[bytes, int]:
+        """A PUB (or HPUB, with headers) frame, and the size of its message."""
         if headers:
             block = b"NATS/1.0\r\n" + b"".join(f"{k}: {v}\r\n".encode() for k, v in headers.items())
             block += _CRLF
             body = len(block) + len(payload)
             sizes = b"%d %d" % (len(block), body)
-            frame = b"HPUB %s %s %s\r\n%s%s\r\n" % (subject.encode(), reply, sizes, block, payload)
-        else:
-            body = len(payload)
-            frame = b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), reply, body, payload)
+            return b"HPUB %s %s %s\r\n%s%s\r\n" % (subject.encode(), reply, sizes, block,
+                                                    payload), body  # fmt: skip
+        body = len(payload)
+        return b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), reply, body, payload), body
+
+    def _publish(self, frames: bytes, body: int, deadline: float) -> None:
+        """Send ``frames`` (connecting first, until ``deadline``), once more over a new
+        connection when one that was idle broke; `TooBig` for a message of ``body``
+        bytes over the server's ``max_payload``."""
         for attempt in range(2):
             if self._sock is not None and not self._alive():
                 self.close()  # the server went away while this was idle
@@ -315,12 +360,28 @@ class Wire:
             try:
                 assert self._sock is not None
                 self._sock.settimeout(max(0.1, deadline - time.monotonic()))  # (a big frame)
-                self._send(frame)
-                break
+                self._send(frames)
+                return
             except OSError:
                 self.close()  # a connection that broke while idle: once more, anew
                 if attempt:
                     raise WireError(f"lost the connection to {self.shown}") from None
+
+    def _request(
+        self,
+        subject: str,
+        payload: bytes,
+        headers: dict[str, str] | None,
+        deadline: float,
+        batch: bool,
+        pull: bool = False,
+        answer_by: float | None = None,
+    ) -> list[Reply]:
+        """One try: connect (until ``deadline``), send, and wait for the answer until
+        ``answer_by`` (the deadline by default)."""
+        reply = self._reply()
+        frame, body = self._frame(subject, reply, payload, headers)
+        self._publish(frame, body, deadline)
         found: list[Reply] = []
         try:
             while True:
@@ -339,7 +400,14 @@ class Wire:
             raise WireError(f"lost the connection to {self.shown} ({exc})") from None
 
     def _next(self, reply: bytes, deadline: float, pull: bool = False) -> Reply:
-        """The next message sent to ``reply`` (others, late answers, are dropped)."""
+        """The next message sent to ``reply`` (others, late answers, are dropped; with
+        ``pull``, a stored message pulled under its own subject is taken)."""
+        return self._next_of({reply}, deadline, pull)[1]
+
+    def _next_of(
+        self, replies: set[bytes], deadline: float, pull: bool = False
+    ) -> tuple[bytes, Reply]:
+        """The next message sent to one of ``replies``, and to which."""
         while True:
             line = self._line(deadline)
             if line.startswith((b"MSG ", b"HMSG ")):
@@ -349,10 +417,10 @@ class Wire:
                 head = int(words[-2]) if words[0] == b"HMSG" else 0
                 sizes = 2 if words[0] == b"HMSG" else 1  # MSG subject sid [reply] sizes
                 acked = words[3] if len(words) == 4 + sizes else b""
-                if words[1] != reply and not (pull and acked.startswith(b"$JS.ACK.")):
+                if words[1] not in replies and not (pull and acked.startswith(b"$JS.ACK.")):
                     continue
-                return Reply(_headers(body[:head]) if head else {}, body[head:],
-                             words[1].decode(), acked.decode())  # fmt: skip
+                return words[1], Reply(_headers(body[:head]) if head else {}, body[head:],
+                                       words[1].decode(), acked.decode())  # fmt: skip
             if line == b"PING":
                 self._send(b"PONG" + _CRLF)
             elif line.startswith(b"-ERR"):
