@@ -8,6 +8,9 @@ the same server (the floor), with the file backend's figures beside them.
   stored both ways (each side publishes to a stream with its ack, a push consumer
   delivers: what an ask that survives a crash needs at the least), and against the same
   ask on files.
+* ``ralph-mail search`` and ``ralph-mail tail --all`` on a team of `TEAM_AGENTS` agents
+  and `TEAM_MESSAGES` messages, as whole commands (a process each, warmed up: its index
+  made by an earlier run), on JetStream against the same team on files.
 """
 
 from __future__ import annotations
@@ -24,6 +27,13 @@ from types import ModuleType
 from typing import Any
 
 from bench.common import Row, Section, Sizes, Workspace, child_env, optional_module, ralph
+
+#: The team `search` and `tail --all` are timed on: agents, and messages among them.
+TEAM_AGENTS = 50
+TEAM_MESSAGES = 20_000
+#: Words the team's messages are made of; one message in `NEEDLE_EVERY` holds "needle".
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
+NEEDLE_EVERY = 200
 
 #: A replier process: answers asks on the backend given, until its stdin closes.
 REPLIER = """
@@ -51,6 +61,7 @@ async def main():
     await nc.flush()
     print("ready", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await nc.close()  # (else a subscription's task can keep asyncio.run from ending)
 asyncio.run(main())
 """
 #: A raw JetStream responder: a request stored in a stream reaches it through a push
@@ -69,6 +80,7 @@ async def main():
     await nc.flush()
     print("ready", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await nc.close()  # (else a subscription's task can keep asyncio.run from ending)
 asyncio.run(main())
 """
 
@@ -211,6 +223,53 @@ def _raw_stored_requests(url: str, n: int) -> list[float]:
     return _exchanges(STORED_RESPONDER, url, n, prepare)
 
 
+def _big_team(rm: ModuleType, home: Path, url: str, messages: int) -> None:
+    """Team "big": `TEAM_AGENTS` agents, ``messages`` sent among them by five of them
+    (the same ones on every backend: a fixed seed)."""
+    import random
+
+    agents = [f"a{n}" for n in range(TEAM_AGENTS)]
+    rm.create_team("big", agents, home=home, backend=url or None)
+    senders = [rm.MessageBus("big", agent, home, backend=url or None) for agent in agents[:5]]
+    pick = random.Random(1)
+    try:
+        for n in range(messages):
+            to = pick.choice([agent for agent in agents if agent != agents[n % 5]])
+            words = " ".join(pick.choice(WORDS) for _ in range(8))
+            senders[n % 5].send(to, "text", words + (" needle" if n % NEEDLE_EVERY == 0 else ""))
+    finally:
+        for bus in senders:
+            bus.close()
+
+
+def _commands(
+    sizes: Sizes, url: str, homes: dict[str, Path], rows: dict[tuple[str, str], Row]
+) -> None:
+    """Time ``search`` and ``tail --all`` on files and on JetStream, interleaved, each
+    after `WARMUP` untimed runs (they make the search index and the .pyc files)."""
+    from bench.cli import WARMUP, executable, run_cmd
+
+    exe = executable()
+    if isinstance(exe, str):
+        for row in rows.values():
+            row.status = exe
+        return
+    commands = {"search": ["search", "needle"], "tail": ["tail", "--all"]}
+    runs = []
+    for (command, backend), row in rows.items():
+        env = child_env({"RALPH_HOME": str(homes[backend]), "RALPH_TEAM": "big",
+                         "RALPH_BACKEND": url if backend == "nats" else ""})  # fmt: skip
+        env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: compiled once
+        runs.append(([str(exe), *commands[command]], env, row))
+    for turn in range(WARMUP + max(3, sizes.cli_runs)):
+        for argv, env, row in runs:
+            done = run_cmd(argv, env)
+            if done.code:
+                row.status = f"failed: exit {done.code}: {done.stderr.strip()[-200:]}"
+            elif turn >= WARMUP:
+                row.values.append(done.seconds * 1e3)
+
+
 def run(sizes: Sizes, ws: Workspace) -> Section:
     """Send and ask on JetStream, against nats-py on the same server and against files."""
     sec = Section("nats_backend", "The NATS JetStream backend, on a local server")
@@ -229,7 +288,21 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
                            anchor=raw_req.key))  # fmt: skip
     file_ask = sec.add(Row("file_ask", "ask round trip on files (p50)", "ms", "lower",
                            anchor=raw_req.key))  # fmt: skip
-    rows = (raw_pub, nats_send, file_send, raw_req, raw_stored, nats_ask, file_ask)
+    messages = TEAM_MESSAGES if sizes.name != "smoke" else 200
+    team = f"{TEAM_AGENTS} agents, {messages:,} messages"
+    commands: dict[tuple[str, str], Row] = {}
+    for command, what in (
+        ("search", "ralph-mail search needle"),
+        ("tail", "ralph-mail tail --all"),
+    ):
+        on_files = commands[command, "file"] = sec.add(
+            Row(f"file_{command}_team", f"{what}, {team}, on files", "ms", "lower")
+        )
+        commands[command, "nats"] = sec.add(
+            Row(f"nats_{command}_team", f"{what}, {team}, on JetStream", "ms", "lower",
+                anchor=on_files.key))  # fmt: skip
+    rows = (raw_pub, nats_send, file_send, raw_req, raw_stored, nats_ask, file_ask,
+            *commands.values())  # fmt: skip
     rm, missing = ralph(), optional_module("nats")
     if isinstance(rm, str) or isinstance(missing, str):
         for row in rows:
@@ -261,6 +334,10 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
         home = ws.fresh("file-ask")
         rm.create_team("bench", ["lead", "w"], home=home)
         file_ask.values += _asks(rm, home, "", sizes.run_samples)
+        homes = {"file": ws.fresh("file-team"), "nats": ws.fresh("nats-team")}
+        for backend, home in homes.items():
+            _big_team(rm, home, url if backend == "nats" else "", messages)
+        _commands(sizes, url, homes, commands)
     finally:
         server.terminate()
         server.wait(timeout=30)
