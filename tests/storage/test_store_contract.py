@@ -379,6 +379,18 @@ def test_purge_drops_archived_lines_older_than_a_time(store: TeamStore) -> None:
     assert store.read_line("b", first[1], second[1] - first[1]) is None
 
 
+def test_purge_never_drops_a_line_not_yet_consumed(store: TeamStore) -> None:
+    """purge_archive drops the consumed lines older than the time, never an unread one."""
+    store.append("b", *line("read"))
+    unread = store.append("b", *line("unread"))
+    later = store.append("b", *line("later"))
+    store.save_cursor("b", Cursor(unread[1]))
+    store.compact("b")
+    assert store.purge_archive("b", later[0]) == unread[1]
+    data, at = store.read("b", unread[1])
+    assert at == unread[1] and b'"unread"' in data and b'"later"' in data
+
+
 def test_search_finds_words_newest_first_archived_too(store: TeamStore) -> None:
     """search: every word must match, as a word; FTS syntax is plain text; filters; a
     broadcast copied into two inboxes is one result; archived lines are found."""

@@ -25,6 +25,14 @@ if TYPE_CHECKING:  # push (nats-py, asyncio) is imported when first needed
     from ralph_mail.store.nats.push import Keys
 
 
+def start_of(raw: bytes | None) -> int | None:
+    """An inbox's start (``base.<agent>``: where gc moved it up to), or None when there
+    is none or it is of the wrong shape (then taken as 0: gc writes it again)."""
+    if raw is None or not (raw.isascii() and raw.isdigit()) or len(raw) > 19:
+        return None
+    return int(raw)
+
+
 class Bucket(TeamStream):
     """The team's key-value bucket (see the module docstring)."""
 
@@ -149,6 +157,11 @@ class Bucket(TeamStream):
         if found is None and self._keys is not None:
             return self._kv_get(key)
         return found[0] if found is not None else None
+
+    # -- an inbox's start -----------------------------------------------------------------
+
+    def _base(self, agent: str) -> int:
+        return start_of(self._kv_get(f"base.{kv_key(agent)}")) or 0
 
     # -- state, rates ---------------------------------------------------------------------
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from ralph_mail.store.nats.bucket import start_of
 from ralph_mail.store.nats.claims import cursor_of, holder_of
 from ralph_mail.store.nats.logs import placed
 from ralph_mail.store.nats.names import untoken
 from ralph_mail.store.nats.stream import TeamStream
-from ralph_mail.store.nats.team import NatsStore, start_of
+from ralph_mail.store.nats.team import NatsStore
 
 #: ``(level, message)``: what `NatsBackend.health` makes a `Finding` of.
 Found = tuple[str, str]

@@ -52,7 +52,7 @@ _TAIL_SPANS = (1.5, 6.0)
 _NO_MESSAGE = 10037
 
 
-def _ts_of(line: bytes) -> str:
+def ts_of(line: bytes) -> str:
     found = re.search(rb'"ts":"([^"]*)"', line)
     return found.group(1).decode() if found else ""
 
@@ -123,7 +123,7 @@ class Logs(Claims):
         data = last.data or b""
         end = self._offset(last) + len(data) + 1
         self._remember(subject, end, self._seq(last) + 1)  # where the next line will be
-        return self._seq(last), end, int(last.headers["Ralph-N"]), _ts_of(data)
+        return self._seq(last), end, int(last.headers["Ralph-N"]), ts_of(data)
 
     def _emptied(self, subject: str) -> tuple[int, int]:
         """Where the next line of an empty subject goes: (its offset, the ordinal before
@@ -260,7 +260,7 @@ class Logs(Claims):
                     if stored is None:  # purged since
                         raise StoreError(f"{subject}: message {headers['Nats-Msg-Id']} was "
                                          "stored, then purged")  # fmt: skip
-                    return _ts_of(stored.data), self._offset(stored)
+                    return ts_of(stored.data), self._offset(stored)
                 self._tails[subject] = (ack["seq"], end + len(line) + 1, n + 1, ts or last)
                 self._remember(subject, end, ack["seq"])
                 return ts, end
@@ -395,23 +395,29 @@ class Logs(Claims):
         return self.read(agent, offset, skip_collected=True)
 
     def purge_archive(self, agent: str, before: str, *, timeout: float = 0.0) -> int:
-        subject = self._subject(agent)
-        position = 0
-        while True:  # the first line not older than `before`
+        """Purge the lines older than ``before`` below the inbox's start (what gc
+        collected: consumed by every reader), never one above it; return the offset
+        its audit trail starts at now."""
+        subject, start = self._subject(agent), self._base(agent)
+        kept, position = None, 0
+        while True:  # the first line to keep: not older than `before`, or not collected
             found = self._batch(subject, position + 1, READ_BATCH)
-            if not found:
-                return self._tail(subject)[1]
-            for msg in found:
-                if _ts_of(msg.data) >= before:
-                    purged = self._api(f"STREAM.PURGE.{self.stream}",
-                                       {"filter": subject, "seq": self._seq(msg)})  # fmt: skip
-                    if "error" in purged:
-                        raise StoreError(f"NATS {self.shown}: {purged['error']}")
-                    self._seqs.pop(subject, None)
-                    with self._kept_lock:
-                        self._kept.pop(subject, None)
-                    return self._offset(msg)
+            kept = next((msg for msg in found if ts_of(msg.data) >= before
+                         or self._offset(msg) >= start), None)  # fmt: skip
+            if kept is not None or not found:
+                break
             position = self._seq(found[-1])
+        if position or (found and kept is not found[0]):  # a line before it: purge
+            purge: dict[str, object] = {"filter": subject}
+            if kept is not None:
+                purge["seq"] = self._seq(kept)  # (what is below it)
+            purged = self._api(f"STREAM.PURGE.{self.stream}", purge)
+            if "error" in purged:
+                raise StoreError(f"NATS {self.shown}: {purged['error']}")
+            self._seqs.pop(subject, None)
+            with self._kept_lock:
+                self._kept.pop(subject, None)
+        return self._offset(kept) if kept is not None else self.size(agent)
 
     def waiter(self, agents: list[str]) -> Waiter:
         return Waiter(self, [self._subject(key) for key in agents])

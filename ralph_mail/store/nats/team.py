@@ -35,20 +35,13 @@ import orjson
 from ralph_mail.errors import StoreError
 from ralph_mail.store.base import Compaction
 from ralph_mail.store.nats.background import flush
+from ralph_mail.store.nats.bucket import start_of
 from ralph_mail.store.nats.commits import Commits
 from ralph_mail.store.nats.names import index_path, kv_key
 
 if TYPE_CHECKING:
     from ralph_mail.store.nats.index import StreamIndex
     from ralph_mail.store.search import Query
-
-
-def start_of(raw: bytes | None) -> int | None:
-    """An inbox's start (``base.<agent>``: where gc moved it up to), or None when there
-    is none or it is of the wrong shape (then taken as 0: gc writes it again)."""
-    if raw is None or not (raw.isascii() and raw.isdigit()) or len(raw) > 19:
-        return None
-    return int(raw)
 
 
 class NatsStore(Commits):
@@ -73,23 +66,22 @@ class NatsStore(Commits):
     ) -> Compaction:
         """Move the inbox's start up to its readers' floor. Nothing is deleted: what an
         inbox drops on files goes to the archive, and here the stream is that archive
-        (`read_audit` reads it); with ``drop_before`` the lines older than it are purged
-        from the server for good."""
-        if drop_before is not None:
-            self.purge_archive(agent, drop_before)
+        (`read_audit` reads it); with ``drop_before`` the lines of the archive (below
+        the start) older than it are purged from the server for good."""
         subject = self._subject(agent)
         base = self._base(agent)
         floors = [self.load_cursor(reader).floor for reader in self._readers(agent)]
         floor = min(floors, default=base)
         end = self.size(agent)
         if floor - base < max(min_bytes, 1):
-            return Compaction(agent, 0, end - base, base)
-        dropped = self._ordinal(subject, floor) - self._ordinal(subject, base)
-        self._kv_put(f"base.{kv_key(agent)}", str(floor).encode())
-        return Compaction(agent, floor - base, end - floor, floor, dropped)
-
-    def _base(self, agent: str) -> int:
-        return start_of(self._kv_get(f"base.{kv_key(agent)}")) or 0
+            done = Compaction(agent, 0, end - base, base)
+        else:
+            dropped = self._ordinal(subject, floor) - self._ordinal(subject, base)
+            self._kv_put(f"base.{kv_key(agent)}", str(floor).encode())
+            done = Compaction(agent, floor - base, end - floor, floor, dropped)
+        if drop_before is not None:
+            self.purge_archive(agent, drop_before)
+        return done
 
     def _ordinal(self, subject: str, offset: int) -> int:
         """How many lines of ``subject`` come before ``offset``."""
