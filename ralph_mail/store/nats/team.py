@@ -7,9 +7,10 @@ key-value bucket of the same name. Every log the library keeps is a subject of t
 stream: an inbox (``in.<agent>``), a channel (``ch.<name>``), a team log (``tl.<name>``,
 the task log among them), an index (``ix.<key>``), an owner's commits (``ct.<agent>``,
 `commits`); how they are written and read is `logs`. A waiter pulls from an ephemeral
-consumer of its subjects (`waiter`). The bucket keeps the roster, presence, cursors,
-state, rates and the one-consumer claim (`bucket`). `NatsStore` puts the two sides
-together, and adds what needs both: gc and search.
+consumer of its subjects (`waiter`). The bucket keeps the roster, presence, state and
+rates (`bucket`), and the cursors and the one-consumer claims (`claims`). `NatsStore`
+puts the two sides together, and adds what needs both: gc and search (through the
+team's index, `index`).
 
 What the file backend does with gc is the server's business here: nothing is compacted
 (``compact`` drops nothing; the stream's limits and ``purge_archive`` bound it), so the
@@ -20,8 +21,9 @@ bucket's keys, cursor and index writes) go over a blocking socket per thread
 (`wire.Wire`; see `stream`): nats-py is asyncio only, and reaching its loop from a
 synchronous caller costs a thread hop longer than the round trip. nats-py's connection
 (`push`), on a loop thread of its own, carries the bucket's watch and the creation and
-removal of teams; it is imported when first needed. Cursor and index writes are made
-in the background, in order, on one thread of their own (`background`).
+removal of teams; it is imported when first needed. Index writes are made in the
+background, in order, on one thread of their own (`background`); a commit waits for its
+cursor.
 """
 
 from __future__ import annotations
