@@ -402,7 +402,8 @@ def test_a_refused_login_is_named_at_once_and_tried_once(
 #: Every command a member runs, for the keys and lines below.
 COMMANDS = (["send", "w", "hello", "--agent", "lead"], ["read", "--agent", "w"],
             ["wait", "--agent", "w", "--timeout", "0.5"], ["tail", "w"], ["search", "hello"],
-            ["status", "busy", "--agent", "w"], ["gc"])  # fmt: skip
+            ["history", "w", "--agent", "lead"], ["status", "busy", "--agent", "w"],
+            ["gc"])  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -439,9 +440,10 @@ def test_a_bucket_key_of_the_wrong_shape_is_refused_or_repaired_in_one_line(
 def test_lines_published_into_an_inbox_without_the_stores_headers_are_set_aside(
     home: Path,
 ) -> None:
-    """A raw 'nats pub' into an inbox (no headers, an offset that is no number): no
-    command prints a traceback; the messages around them are delivered once, in order;
-    the foreign lines are kept as dead letters; doctor finds them."""
+    """A raw 'nats pub' into an inbox (no headers, an offset that is no number) or into
+    a conversation's index: no command prints a traceback; the messages around them are
+    delivered once, in order; the inbox's foreign lines are kept as dead letters; doctor
+    finds them."""
     url = fresh_nats()
     team_of(home, url)
     store = store_of(home, url)
@@ -451,6 +453,7 @@ def test_lines_published_into_an_inbox_without_the_stores_headers_are_set_aside(
         store._acked(subject, b"raw, no headers")
         assert b"ends in a message published without" in cli(home, url, "doctor").stdout
         store._acked(subject, b"raw, bad offset", {"Ralph-Offset": "x", "Ralph-N": "1"})
+        store._acked(store._subject("ix:pair+lead+w"), b"no entry\n[1, 2]")
         for args in COMMANDS:
             done = cli(home, url, *args)
             assert done.returncode in (0, 1) and done.stderr == b"", (args, done.stderr)

@@ -74,6 +74,17 @@ def _ordinal(msg: Reply) -> int:
     return int(msg.headers["Ralph-N"])
 
 
+def _entry(raw: bytes) -> tuple[str, int, int] | None:
+    """An index entry, ``[agent, offset, length]``; None for anything else."""
+    try:
+        agent, offset, length = orjson.loads(raw)
+    except (orjson.JSONDecodeError, TypeError, ValueError):
+        return None
+    if not isinstance(agent, str) or not isinstance(offset, int) or not isinstance(length, int):
+        return None
+    return agent, offset, length
+
+
 def _born_key(tail: str) -> str:
     """The bucket key marking that the log of a subject's tail (``in.agent``...) had a
     line (see `Logs._emptied`)."""
@@ -497,8 +508,9 @@ class Logs(Claims):
     def index_tail(self, key: str, count: int) -> list[tuple[str, int, int]]:
         flush("index")
         lines = [msg.data for msg in self._index_tail(self._subject(f"ix:{key}"), count)]
-        entries = [entry for line in lines for entry in line.split(b"\n")][-count:] if count else []
-        return [(str(a), int(o), int(n)) for a, o, n in map(orjson.loads, entries)]
+        entries = [_entry(raw) for line in lines for raw in line.split(b"\n")]
+        found = [entry for entry in entries if entry is not None]  # (a foreign one: none)
+        return found[-count:] if count else []
 
     def _index_tail(self, subject: str, count: int) -> list[Reply]:
         """The last ``count`` messages of an index (a message: one entry or more). An
