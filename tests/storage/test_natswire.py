@@ -3,8 +3,10 @@ scripted server that speaks just enough of the protocol to break where told."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -15,7 +17,8 @@ from ralph_mail.store.nats.wire import TooBig, Wire, WireError, _headers
 class Scripted:
     """A server on a free loopback port: each connection gets INFO, answers PING, and
     meets a publish with the next action: "answer" (MSG to its reply subject), "drop"
-    (closes the connection without answering) or "late" (answers with the next one)."""
+    (closes the connection without answering), "late" (answers with the next one), "lose"
+    (never answers) or "slow" (answers, the payload's second half 1.5 s after its first)."""
 
     def __init__(self, actions: list[str]) -> None:
         self.actions = actions
@@ -49,6 +52,15 @@ class Scripted:
                             break
                         if action == "late":
                             held = (words[2], payload)
+                            continue
+                        if action == "lose":
+                            continue
+                        if action == "slow":  # (the server's own pace, not a test's wait)
+                            head = b"MSG %s 1 %d\r\n" % (words[2], len(payload))
+                            conn.sendall(head + payload[: len(payload) // 2])
+                            time.sleep(1.5)
+                            with contextlib.suppress(OSError):  # (the client may be gone)
+                                conn.sendall(payload[len(payload) // 2 :] + b"\r\n")
                             continue
                         answers = [held] if held else []
                         for reply, data in [*answers, (words[2], payload)]:  # the late one first
@@ -111,6 +123,31 @@ def test_a_timed_out_request_leaves_the_connection_to_the_next(
     with pytest.raises(TimeoutError):
         wire.request("x", b"slow", timeout=0.3)
     assert wire.request("x", b"next")[0].data == b"next"
+    wire.close()
+
+
+def test_a_read_whose_answer_does_not_start_within_a_try_is_sent_again(
+    scripted: type[Scripted],
+) -> None:
+    """A request lost on the way (a leader election) is sent again after `TRY_S`; an
+    answer that has started is waited for to its end, however slow, and not sent again."""
+    server = scripted(["lose", "answer", "slow"])
+    wire = Wire(f"nats://127.0.0.1:{server.port}")
+    assert wire.request("x", b"lost once", again=True, timeout=10)[0].data == b"lost once"
+    assert wire.request("x", b"slowly", again=True, timeout=10)[0].data == b"slowly"
+    assert server.published == [b"lost once", b"lost once", b"slowly"]
+    wire.close()
+
+
+def test_an_answer_cut_off_by_the_timeout_leaves_no_half_message_for_the_next(
+    scripted: type[Scripted],
+) -> None:
+    """The rest of a message that came too late is not read as the next answer."""
+    server = scripted(["slow", "answer"])
+    wire = Wire(f"nats://127.0.0.1:{server.port}")
+    with pytest.raises(TimeoutError):
+        wire.request("x", b"half of it\r\n-ERR 'then the rest'", timeout=0.5)
+    assert wire.request("x", b"next", timeout=10)[0].data == b"next"
     wire.close()
 
 

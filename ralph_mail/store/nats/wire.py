@@ -307,10 +307,12 @@ class Wire:
                   for (subject, payload), reply in zip(asks, replies, strict=True)]  # fmt: skip
         self._publish(b"".join(frames), 0, deadline)
         found: dict[bytes, list[Reply]] = {reply: [] for reply in replies}
-        open_ = set(replies)
+        open_, heard = set(replies), False
         try:
             while open_:
-                reply, answer = self._next_of(open_, answer_by)
+                first = 0.0 if heard else answer_by  # (the first answer by answer_by)
+                reply, answer = self._next_of(open_, deadline, head_by=first)
+                heard = True
                 if answer.status is None:
                     found[reply].append(answer)
                     continue
@@ -377,15 +379,17 @@ class Wire:
         pull: bool = False,
         answer_by: float | None = None,
     ) -> list[Reply]:
-        """One try: connect (until ``deadline``), send, and wait for the answer until
-        ``answer_by`` (the deadline by default)."""
+        """One try: connect (until ``deadline``), send, and wait for the answer's first
+        message until ``answer_by`` (the deadline by default), the rest until
+        ``deadline``."""
         reply = self._reply()
         frame, body = self._frame(subject, reply, payload, headers)
         self._publish(frame, body, deadline)
         found: list[Reply] = []
         try:
             while True:
-                answer = self._next(reply, deadline if answer_by is None else answer_by, pull)
+                first = answer_by if answer_by is not None and not found else 0.0
+                answer = self._next(reply, deadline, pull, first)  # (the first by answer_by)
                 if not batch:
                     return [answer]
                 if answer.status is not None:
@@ -399,21 +403,30 @@ class Wire:
             self.close()
             raise WireError(f"lost the connection to {self.shown} ({exc})") from None
 
-    def _next(self, reply: bytes, deadline: float, pull: bool = False) -> Reply:
+    def _next(
+        self, reply: bytes, deadline: float, pull: bool = False, head_by: float = 0.0
+    ) -> Reply:
         """The next message sent to ``reply`` (others, late answers, are dropped; with
         ``pull``, a stored message pulled under its own subject is taken)."""
-        return self._next_of({reply}, deadline, pull)[1]
+        return self._next_of({reply}, deadline, pull, head_by)[1]
 
     def _next_of(
-        self, replies: set[bytes], deadline: float, pull: bool = False
+        self, replies: set[bytes], deadline: float, pull: bool = False, head_by: float = 0.0
     ) -> tuple[bytes, Reply]:
-        """The next message sent to one of ``replies``, and to which."""
+        """The next message sent to one of ``replies``, and to which: its first line by
+        ``head_by`` (when given: a try that may be given up sooner), the rest by
+        ``deadline``. A message cut off by the deadline closes the connection (the next
+        bytes on it would be read as the middle of that message)."""
         while True:
-            line = self._line(deadline)
+            line = self._line(head_by or deadline)
             if line.startswith((b"MSG ", b"HMSG ")):
                 words = line.split()
                 total = int(words[-1])
-                body = self._read(total + 2, deadline)[:total]
+                try:
+                    body = self._read(total + 2, deadline)[:total]
+                except TimeoutError:
+                    self.close()
+                    raise
                 head = int(words[-2]) if words[0] == b"HMSG" else 0
                 sizes = 2 if words[0] == b"HMSG" else 1  # MSG subject sid [reply] sizes
                 acked = words[3] if len(words) == 4 + sizes else b""
