@@ -661,3 +661,35 @@ def test_the_tails_of_every_inbox_cost_two_round_trips_whatever_the_team(
     assert store.read_tails(names, 2) == expected
     assert trips.count == 2
     store.close()
+
+
+def test_a_claim_whose_cursor_could_not_be_written_writes_it_at_the_next_read(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cursor a new consumer writes as it claims (the fence) failing once leaves
+    the claim taken: the next read writes it, and its commit is not taken for another
+    consumer's."""
+    from ralph_mail.errors import StoreError
+    from ralph_mail.store.nats.claims import Claims
+
+    url = fresh_nats()
+    team_of(home, url)
+    with MessageBus("demo", "lead", home, backend=url) as lead:
+        lead.send("w", "text", "zero")
+        assert cli(home, url, "read", "--agent", "w").returncode == 0  # (another process)
+        lead.send("w", "text", "one")
+    stamp, failed = Claims._stamp, []
+
+    def once(self: Claims, agent: str) -> None:
+        if not failed:
+            failed.append(agent)
+            raise StoreError("the network went")
+        stamp(self, agent)
+
+    monkeypatch.setattr(Claims, "_stamp", once)
+    with MessageBus("demo", "w", home, backend=url) as w:
+        with pytest.raises(StoreError, match="the network went"):
+            w.poll()
+        assert [m.content for m in w.poll()] == ["one"]
+    with MessageBus("demo", "w", home, backend=url) as again:
+        assert again.poll() == []

@@ -165,6 +165,8 @@ class Claims(Bucket):
 
     def claim(self, agent: str) -> None:
         if agent in self._claims:
+            if agent not in self._cursors:  # (claimed, but its cursor not yet written)
+                self._stamp(agent)
             return
         key = f"claim.{kv_key(agent)}"
         for _ in range(3):
