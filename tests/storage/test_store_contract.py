@@ -143,6 +143,7 @@ def test_read_tails_is_read_tail_of_each_in_order(store: TeamStore) -> None:
     """read_tails([a, b], n) is [read_tail(a, n), read_tail(b, n)], an empty inbox too."""
     for n in range(30):
         store.append("b", *line(f"m{n}"))
+    assert store.read_tails(["a", "b"], 3) == [store.read_tail("a", 3), store.read_tail("b", 3)]
     store.append("a", *line("one"))
     for lines in (0, 1, 5, 40):
         expected = [store.read_tail(agent, lines) for agent in ("a", "b")]

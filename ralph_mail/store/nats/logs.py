@@ -356,7 +356,9 @@ class Logs(Claims):
         plans: dict[int, tuple[int, int, int, int]] = {}  # index -> seq, n, first, end
         for index, subject in enumerate(subjects):
             last = lasts.get(subject)
-            if last is not None and placed(last):
+            if last is None and lines > 0:  # an empty log: where its next line goes
+                tails[index] = ([], self._emptied(subject)[0])
+            elif last is not None and placed(last):
                 seq, n = self._seq(last), _ordinal(last)
                 end = self._offset(last) + len(last.data) + 1
                 self._remember(subject, end, seq + 1)
