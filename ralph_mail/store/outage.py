@@ -5,7 +5,8 @@ then raises: a one-off command fails in one line. A long-lived process (``ralph-
 run``, ``ralph-mail wait``) is `patient` instead: its round trips keep trying, with a
 growing pause (`BACKOFF_S` up to `BACKOFF_MAX_S`), until the server is back, the
 patience's own deadline passes or its stop is set; it says so once when the server goes
-away, and once when it is back.
+away, and once when it is back (a server away again within `QUIET_S` of coming back is
+the same outage, not said again).
 
 One small piece of global state (the process's patience), guarded; `patient` sets it
 for a block and puts the previous one back after.
@@ -32,6 +33,9 @@ BACKOFF_S: Final = 0.2
 BACKOFF_MAX_S: Final = 5.0
 #: How often a pause looks at the patience's stop (s).
 _STOP_CHECK_S: Final = 0.05
+#: A server away again this soon after it came back is the same outage (JetStream
+#: still recovering after a restart): not said again (s).
+QUIET_S: Final = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +61,8 @@ class Patience:
 
 _lock = threading.Lock()
 _current: Patience | None = None
-_away: set[str] = set()  # the servers said to be away, not yet said to be back
+_away: dict[str, bool] = {}  # the servers away now: whether that was said
+_back_at: dict[str, float] = {}  # when each was last said to be back (monotonic)
 
 
 @contextlib.contextmanager
@@ -85,6 +90,7 @@ def reset() -> None:
     with _lock:
         _current = None
         _away.clear()
+        _back_at.clear()
 
 
 class Tries:
@@ -107,7 +113,9 @@ class Tries:
             return False
         with _lock:
             first = self.where not in _away
-            _away.add(self.where)
+            if first:  # (said, unless it came back moments ago: the same outage)
+                back = _back_at.get(self.where)
+                _away[self.where] = first = back is None or now - back >= QUIET_S
         if first and patience.say is not None:
             patience.say(f"{self.where} is away ({why}): trying again until it is back")
         pause, self._pause = self._pause, min(self._pause * 2, BACKOFF_MAX_S)
@@ -123,8 +131,9 @@ def answered(where: str) -> None:
     """A round trip to ``where`` went through: say it is back if it was said away."""
     if where in _away:  # (a look without the lock: the common case costs nothing)
         with _lock:
-            gone = where in _away
-            _away.discard(where)
+            said = _away.pop(where, False)
+            if said:
+                _back_at[where] = time.monotonic()
             patience = _current
-        if gone and patience is not None and patience.say is not None:
+        if said and patience is not None and patience.say is not None:
             patience.say(f"{where} is back")
