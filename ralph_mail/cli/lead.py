@@ -17,12 +17,13 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated
 
 from ralph_mail import settings
-from ralph_mail.cli import EXIT_NOTHING, EXIT_OK
+from ralph_mail.cli import EXIT_NOTHING, EXIT_OK, error_line
 from ralph_mail.cli.app import Home, JsonRecords, TeamName, app, command
 from ralph_mail.cli.command import Option
 from ralph_mail.cli.protocol import check_seconds, open_orchestrator, report_code
 from ralph_mail.cli.render import console, is_terminal, print_json_lines, safe
 from ralph_mail.errors import MailError
+from ralph_mail.store.outage import patient
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -321,8 +322,10 @@ def lead(
         with open_orchestrator(home, team, policy, display.event, ack_overdue) as orch:
             display.orch = orch
             previous = signal.signal(signal.SIGTERM, _interrupt)
+            # A server that goes away (a network backend's) is waited for, said once.
+            until = None if timeout is None else time.monotonic() + timeout
             try:
-                with display.running():
+                with display.running(), patient(until=until, say=_note):
                     return _lead_loop(orch, display, until_done, timeout, shutdown_timeout)
             except KeyboardInterrupt:
                 display.say("lead stopped")
@@ -331,6 +334,10 @@ def lead(
                 signal.signal(signal.SIGTERM, previous)
 
     command(action)
+
+
+def _note(line: str) -> None:
+    error_line(line, "note")
 
 
 def _interrupt(signum: int, frame: object) -> None:

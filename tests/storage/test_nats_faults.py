@@ -471,26 +471,27 @@ def test_lines_published_into_an_inbox_without_the_stores_headers_are_set_aside(
 
 
 def _line_with(pipe: object, word: bytes, what: str) -> bytes:
-    """Lines read from ``pipe`` (a child's stderr) until one holds ``word``, bounded;
-    all of them."""
-    seen, deadline = b"", time.monotonic() + BOUND_S
+    """What comes out of ``pipe`` (a child's stdout or stderr, read unbuffered) until
+    ``word`` is in it, bounded."""
+    fd, seen = pipe.fileno(), b""  # type: ignore[attr-defined]
+    deadline = time.monotonic() + BOUND_S
     while word not in seen:
         left = deadline - time.monotonic()
         assert left > 0, f"timed out waiting for {what}: {seen!r}"
-        if select.select([pipe], [], [], left)[0]:
-            line = pipe.readline()  # type: ignore[attr-defined]
-            assert line, f"the process ended before {what}: {seen!r}"
-            seen += line
+        if select.select([fd], [], [], left)[0]:
+            chunk = os.read(fd, 1 << 16)
+            assert chunk, f"the process ended before {what}: {seen!r}"
+            seen += chunk
     return seen
 
 
-def test_run_and_wait_outlast_a_server_away_past_the_one_off_bound(
+def test_run_wait_and_lead_outlast_a_server_away_past_the_one_off_bound(
     home: Path, servers: Callable[..., Server], procs: Processes
 ) -> None:
-    """A server away longer than two of a one-off command's retry windows: `run` and
-    `wait` say so once (and once that it is back), keep trying, and once it is back
-    `wait` gets the next message and `run` answers the next ask; a one-off command
-    meanwhile fails in one line."""
+    """A server away longer than two of a one-off command's retry windows: `run`,
+    `wait` and `lead` say so once (and once that it is back), keep trying, and once it
+    is back `wait` gets the next message, `run` answers the next ask and the lead
+    handles the next status update; a one-off command meanwhile fails in one line."""
     server = servers("-js").start()
     team_of(home, server.url, "lead", "w", "x")
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
@@ -502,18 +503,22 @@ def test_run_and_wait_outlast_a_server_away_past_the_one_off_bound(
     running = subprocess.Popen([*python, "run", "--agent", "w", "--", "sh", "-c",
                                 'echo "answer: $(tail -n 1)"'], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    procs.started += [waiting, running]
+    leading = subprocess.Popen([*python, "lead", "--json"], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)  # fmt: skip
+    procs.started += [waiting, running, leading]
     _line_with(running.stderr, b"answers with sh", "the runner to start")
     store = store_of(home, server.url)
-    wait_until(lambda: store.consumer("x") is not None, "wait to claim its inbox")
+    wait_until(lambda: None not in (store.consumer("x"), store.consumer("lead")),
+               "wait and the lead to claim their inboxes")  # fmt: skip
     store.close()
     server.stop(signal.SIGKILL)
     gone = cli(home, server.url, "send", "x", "hi", "--agent", "lead", RALPH_NATS_TIMEOUT_S="1")
     one_line(gone, 2, "cannot reach the NATS server")
+    children = (("wait", waiting), ("run", running), ("lead", leading))
     said = {name: _line_with(child.stderr, b"is away", f"{name} to say the server is away")
-            for name, child in (("wait", waiting), ("run", running))}  # fmt: skip
+            for name, child in children}  # fmt: skip
     time.sleep(3.0)  # the outage itself: past two 1 s retry windows of theirs
-    assert waiting.poll() is None and running.poll() is None
+    assert waiting.poll() is None and running.poll() is None and leading.poll() is None
     server.start()
     sent = cli(home, server.url, "send", "x", "after", "--agent", "lead")
     assert sent.returncode == 0, sent.stderr
@@ -522,11 +527,16 @@ def test_run_and_wait_outlast_a_server_away_past_the_one_off_bound(
     asked = cli(home, server.url, "ask", "w", "still there?", "--timeout", "30", "--agent",
                 "lead")  # fmt: skip
     assert asked.returncode == 0 and asked.stdout == b"answer: still there?\n", asked.stderr
-    running.send_signal(signal.SIGTERM)
-    assert running.wait(timeout=BOUND_S) == 0
+    assert cli(home, server.url, "status", "back at it", "--agent", "x").returncode == 0
+    _line_with(leading.stdout, b"back at it", "the lead to handle a status update")
+    for child in (running, leading):
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=BOUND_S) == 0
     assert waiting.stderr is not None and running.stderr is not None
+    assert leading.stderr is not None
     said["wait"] += waiting.stderr.read()
     said["run"] += running.stderr.read()
+    said["lead"] += leading.stderr.read()
     for name, err in said.items():  # once each: JetStream recovering is the same outage
         notes = [line.split(b" is ")[1][:4] for line in err.splitlines() if b"NATS" in line]
         assert b"Traceback" not in err and notes == [b"away", b"back"], (name, err)
