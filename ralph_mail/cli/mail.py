@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated
@@ -362,8 +363,7 @@ def read(
             return 0
         bus = who.bus()
         try:
-            messages, mark = bus.peek(), bus.mark()
-            return deliver(messages, json, bus.commit, lambda: bus.rewind(mark))
+            return deliver(bus.peek(), json, hand_on=bus.hand_on)
         finally:
             bus.close()
 
@@ -409,13 +409,12 @@ def wait(
         try:
             if type is None:
                 messages = bus.wait_for_messages(timeout, consume=False)
-                mark = bus.mark()
-                deliver(messages, json, bus.commit, lambda: bus.rewind(mark))
+                deliver(messages, json, hand_on=bus.hand_on)
             else:
                 found = bus.wait_for_message(type, timeout, consume=False)
                 messages = [found] if found is not None else []
-                mark = bus.mark()
-                deliver(messages, json, bus.consume, lambda: bus.rewind(mark))
+                alone = functools.partial(bus.hand_on, alone=True)  # only that message
+                deliver(messages, json, hand_on=alone)
         finally:
             bus.close()
         return 0 if messages else EXIT_NOTHING

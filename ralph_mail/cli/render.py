@@ -79,69 +79,62 @@ def plain_line(message: Message) -> str:
     return line + f" #{safe(message.id, newlines=False)}"
 
 
+#: How a mailbox hands messages on (`Consuming.hand_on`): the messages and what writes one.
+HandOn = Callable[[list[Message], Callable[[Message], object]], object]
+
+
 def deliver(
     messages: Iterable[Message],
     json_out: bool = False,
     commit: Callable[[Message], object] | None = None,
-    rewind: Callable[[], object] | None = None,
+    hand_on: HandOn | None = None,
 ) -> int:
     """Print ``messages`` one at a time, each written out before the next, and consume
-    (``commit``) through the last one that went out: a reader that goes away (``| head``)
-    or an output that fails (a full disk, a closed stdout) consumes only what it got.
+    through the last one that went out: a reader that goes away (``| head``) or an
+    output that fails (a full disk, a closed stdout) consumes only what it got.
 
-    With ``rewind`` (it makes unread again what ``commit`` consumed), they are consumed
-    before the first is printed, so nothing is printed that is not consumed: a commit
-    that fails (a store out of reach) prints nothing; an output that fails is rewound,
-    and what went out is consumed again. Without it, ``commit`` follows the printing.
+    With ``hand_on`` (a mailbox's `hand_on`) they are consumed before the first is
+    printed, so nothing is printed that is not consumed: a consuming that fails (a store
+    out of reach) prints nothing, and an output that fails gives back what it did not
+    write. Else ``commit`` (when given) follows the printing.
 
     Returns 0, or 141 when the reader went away.
     """
     shown = list(messages)
-    first = rewind is not None and commit is not None and bool(shown)
-    if first and commit is not None:
-        _consume_first(commit, shown[-1])
-    written = 0
+    written: list[Message] = []
+
+    def write(message: Message) -> None:
+        _write_out(message, json_out)
+        written.append(message)
+
+    from ralph_mail.errors import MailError
+
     try:
-        for message in shown:
-            _write_out(message, json_out)
-            written += 1
+        if hand_on is not None:
+            hand_on(shown, write)
+        else:
+            for message in shown:
+                write(message)
     except BrokenPipeError:
-        _settle(commit, rewind if first else None, shown[:written])
+        _commit(commit if hand_on is None else None, written)
         from ralph_mail.cli import EXIT_BROKEN_PIPE, _silence_stdout
 
         _silence_stdout()
         return EXIT_BROKEN_PIPE
+    except MailError as exc:  # (before anything was written: consuming failed)
+        raise MailError(f"could not consume the messages ({exc}): nothing was shown, they "
+                        "stay unread") from None  # fmt: skip
     except (OSError, ValueError, AttributeError) as exc:
-        _settle(commit, rewind if first else None, shown[:written])
-        from ralph_mail.errors import MailError
-
+        _commit(commit if hand_on is None else None, written)
         reason = getattr(exc, "strerror", None) or "it is closed"
         raise MailError(
             f"cannot write to standard output ({reason}): the messages not shown stay unread"
         ) from None
-    if not first:
-        _settle(commit, None, shown)
+    _commit(commit if hand_on is None else None, written)
     return 0
 
 
-def _consume_first(commit: Callable[[Message], object], last: Message) -> None:
-    from ralph_mail.errors import MailError
-
-    try:
-        commit(last)
-    except MailError as exc:
-        raise MailError(f"could not consume the messages ({exc}): nothing was shown, they "
-                        "stay unread") from None  # fmt: skip
-
-
-def _settle(
-    commit: Callable[[Message], object] | None,
-    rewind: Callable[[], object] | None,
-    written: list[Message],
-) -> None:
-    """Consume what went out: after a `rewind` of what was consumed first, when given."""
-    if rewind is not None:
-        rewind()
+def _commit(commit: Callable[[Message], object] | None, written: list[Message]) -> None:
     if commit is not None and written:
         commit(written[-1])
 

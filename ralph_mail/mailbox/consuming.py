@@ -9,13 +9,14 @@ as a hint (it always reads to the end).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import threading
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, repeat
 from typing import TYPE_CHECKING, TypeVar
@@ -33,14 +34,10 @@ _GC_PAUSE_LINES = 2000
 
 
 @dataclass(frozen=True, slots=True)
-class Mark:
-    """Where a mailbox's consuming stood (`Consuming.mark`), to `Consuming.rewind` to.
-
-    Attributes:
-        cursor: the cursor then.
-        pending: the messages read and not consumed then, with their offsets.
-        scanned: the offset reading had reached then.
-    """
+class _Mark:
+    """Where a mailbox's consuming stood, to go back to (`Consuming.hand_on`): the
+    cursor, the messages read and not consumed with their offsets, and the offset
+    reading had reached."""
 
     cursor: Cursor
     pending: tuple[tuple[int, Message], ...]
@@ -49,6 +46,9 @@ class Mark:
 
 class Consuming:
     """What `Mailbox` does as its inbox's owner: read, peek, poll, commit, wait."""
+
+    #: Commits whose times are not recorded yet (`hand_on`, while it writes), or None.
+    _held: list[tuple[Cursor, Cursor]] | None = None
 
     agent: str
     asking: set[str]
@@ -175,14 +175,20 @@ class Consuming:
         saved = Cursor(floor, {start for start in marks if start >= floor})
         self._store.save_cursor(self.agent, saved)
         self._cursor = saved
-        try:  # when it was consumed, for receipts: a hint, never a reason to fail a commit
-            self._store.note_commit(self.agent, cursor, saved)
-        except MailError as exc:
-            warnings.warn(str(exc), RuntimeWarning, stacklevel=4)
+        if self._held is not None:
+            self._held.append((cursor, saved))
+        else:
+            self._note(cursor, saved)
         if self._gc_auto and self._store.collectable(self.agent, floor) >= self._gc_auto:
             # Not now: a compaction interrupted here would make a call that has consumed
             # raise. The next read runs it, before it reads anything.
             self._compact_due = True
+
+    def _note(self, before: Cursor, after: Cursor) -> None:
+        try:  # when it was consumed, for receipts: a hint, never a reason to fail a commit
+            self._store.note_commit(self.agent, before, after)
+        except MailError as exc:
+            warnings.warn(str(exc), RuntimeWarning, stacklevel=5)
 
     def _compact(self) -> None:
         # Only an optimisation: when it fails (no room for the copy, a sender holding the
@@ -249,29 +255,66 @@ class Consuming:
             for _ in range(following):
                 pending.popleft()
 
-    def mark(self) -> Mark:
-        """Where my consuming stands now, to `rewind` to: what a reader does before it
-        consumes what it is about to hand on, in case handing it on fails.
+    def hand_on(
+        self,
+        messages: Sequence[Message],
+        write: Callable[[Message], object],
+        *,
+        alone: bool = False,
+    ) -> None:
+        """Consume ``messages`` (what `peek` or a wait returned), then ``write`` each, in
+        order: nothing is written that is not consumed, and what could not be written is
+        not consumed. Consuming comes first (through the last of them; with ``alone``,
+        each alone, as `consume`): when it raises, nothing is written. When a ``write``
+        raises, what was not written is made unread again, what was stays consumed, and
+        the error is raised. The commits' times (receipts) are recorded once the writing
+        is done, so a message given back is never said to have been consumed.
 
         Example:
-            >>> messages, mark = bus.peek(), bus.mark()              # doctest: +SKIP
-            >>> bus.commit(messages[-1])                              # doctest: +SKIP
-            >>> if not hand_on(messages):                             # doctest: +SKIP
-            ...     bus.rewind(mark)  # unread again
+            >>> bus.hand_on(bus.peek(), lambda m: print(m.content))   # doctest: +SKIP
         """
+        if not messages:
+            return
         with self._lock:
-            cursor = self._load()
-            return Mark(Cursor(cursor.floor, set(cursor.acked)), tuple(self._pending),
-                        self._scanned)  # fmt: skip
+            mark = self._mark()
+            self._held = []
+            try:
+                self._take(messages, alone)
+            except BaseException:
+                self._held = None
+                with contextlib.suppress(MailError):  # (alone: some may be consumed)
+                    self._rewind(mark)
+                raise
+            held, self._held, written = self._held, None, 0
+            try:
+                for message in messages:
+                    write(message)
+                    written += 1
+            except BaseException:
+                self._rewind(mark)
+                self._take(messages[:written], alone)
+                raise
+            for before, after in held:
+                self._note(before, after)
 
-    def rewind(self, mark: Mark) -> None:
-        """Make unread again what was consumed since ``mark`` (`mark`): the cursor is
-        saved back as it stood then; a save that raises changes nothing."""
-        with self._lock:
-            self._load()
-            self._store.save_cursor(self.agent, Cursor(mark.cursor.floor, set(mark.cursor.acked)))
-            self._cursor = Cursor(mark.cursor.floor, set(mark.cursor.acked))
-            self._pending, self._scanned = deque(mark.pending), mark.scanned
+    def _take(self, messages: Sequence[Message], alone: bool) -> None:
+        if alone:
+            for message in messages:
+                self.consume(message)
+        elif messages:
+            self.commit(messages[-1])
+
+    def _mark(self) -> _Mark:
+        cursor = self._load()
+        return _Mark(Cursor(cursor.floor, set(cursor.acked)), tuple(self._pending), self._scanned)
+
+    def _rewind(self, mark: _Mark) -> None:
+        """Save the cursor back as it stood at ``mark``; a save that raises changes
+        nothing."""
+        self._load()
+        self._store.save_cursor(self.agent, Cursor(mark.cursor.floor, set(mark.cursor.acked)))
+        self._cursor = Cursor(mark.cursor.floor, set(mark.cursor.acked))
+        self._pending, self._scanned = deque(mark.pending), mark.scanned
 
     def consume(self, message: Message) -> None:
         """Consume ``message`` alone (one `peek` or ``wait_for_message(consume=False)``

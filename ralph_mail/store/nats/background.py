@@ -1,7 +1,8 @@
-"""The NATS store's writes made in the background: index entries, which a caller need
-not wait for (the message they point at is stored already), made in the order they came
-on one thread of the process's own; a read that must see them (`flush`) waits for them
-first. Cursors are not among them: a commit waits for its cursor (see `claims`)."""
+"""The NATS store's writes made in the background: index entries and commit times, which
+a caller need not wait for (the message they point at, the cursor they follow, are
+stored already), made in the order they came on one thread of the process's own; a read
+that must see them (`flush`) waits for them first. Cursors are not among them: a commit
+waits for its cursor (see `claims`)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from typing import Any
 
 from ralph_mail.store.nats.wire import REQUEST_S
 
-#: Writes this process has under way in the background (index entries), made in order
-#: on one thread of their own.
+#: Writes this process has under way in the background (index entries, commit times),
+#: made in order on one thread of their own.
 _PENDING: list[tuple[str, concurrent.futures.Future[Any]]] = []
 _PENDING_LOCK = threading.Lock()
 
@@ -79,9 +80,9 @@ def later(kind: str, write: Callable[..., Any], *args: Any) -> None:
 
 
 def flush(kind: str = "") -> None:
-    """Wait for the writes of ``kind`` ("index" entries; all by default) this process
-    is still making (any store's: a bus reads what another bus of the process wrote, as
-    on files)."""
+    """Wait for the writes of ``kind`` ("index" entries, "commit" times; all by default)
+    this process is still making (any store's: a bus reads what another bus of the
+    process wrote, as on files)."""
     with _PENDING_LOCK:
         pending = [f for k, f in _PENDING if kind in ("", k)]
         _PENDING[:] = [(k, f) for k, f in _PENDING if kind not in ("", k)]
@@ -93,6 +94,6 @@ def flush(kind: str = "") -> None:
             import warnings
 
             why = str(exc) or f"not done within {REQUEST_S:g} s"
-            warnings.warn(f"a background write failed ({why}): an index entry is "
-                          "missing (history and threads may miss a message)", RuntimeWarning,
-                          stacklevel=3)  # fmt: skip
+            warnings.warn(f"a background write failed ({why}): an index entry or a "
+                          "commit time is missing (history, threads or a receipt may miss "
+                          "it)", RuntimeWarning, stacklevel=3)  # fmt: skip

@@ -39,12 +39,12 @@ class Commits(Logs):
         self._commit_times[agent] = now
         commit = Commit.of(before, after, now)
         fields = (commit.before, commit.floor, commit.mark, commit.time, commit.passed)
-        later("cursor", self._acked, self._subject(f"commits:{agent}"), b"%d %d %d %d %d" % fields)
+        later("commit", self._acked, self._subject(f"commits:{agent}"), b"%d %d %d %d %d" % fields)
 
     def consumed_at(self, agent: str, offset: int, since: str) -> str | None:
         """Bisects the subject by stream sequence; each probe is one direct get of the
         first commit at or after a sequence."""
-        flush("cursor")
+        flush("commit")
         subject = self._subject(f"commits:{agent}")
         last = self._get(subject)
         if last is None:
