@@ -203,9 +203,9 @@ SIZES: Final[dict[str, Sizes]] = {
         turn_agents=3,
         turn_posts=1,
         growth_small=100,
-        growth_big=1_000,
+        growth_big=300,
         growth_threads=20,
-        rss_asks=300,
+        rss_asks=100,
     ),
 }
 
