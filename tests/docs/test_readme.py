@@ -32,3 +32,8 @@ def test_quick_start_test_command_is_what_ci_runs() -> None:
     assert demo.endswith("ralph-mail demo")
     ci = (REPO / ".ci" / "run").read_text()
     assert tests.split("&& ", 1)[1] in ci.replace('"$venv"/bin', ".venv/bin")
+
+
+def test_readme_is_a_short_front_page() -> None:
+    """The README stays a front page (at most 300 lines); the rest is on the site."""
+    assert len(README.splitlines()) <= 300
