@@ -47,8 +47,7 @@ class Records(TeamFiles):
             slots = self._presence[agent] = SlotFile(
                 lambda: dirs.get("presence"), f"{agent}.slot", f"presence of {agent!r}"
             )
-        with contextlib.suppress(StoreError):  # a damaged file: this save mends it
-            slots.load()
+        slots.refresh()
         slots.save(record)
 
     def load_presence(self, agent: str) -> bytes | None:

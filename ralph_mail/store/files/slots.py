@@ -14,6 +14,7 @@ rename.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import zlib
@@ -63,13 +64,7 @@ class SlotFile:
             raise store_error(exc, self.label, "read") from None
         try:
             self._slot = max(os.fstat(fd).st_size // 2, PAGE)
-            # A record is small: read the start of each slot, and the rest only if needed.
-            slots = [os.pread(fd, _GLANCE, start) for start in (0, self._slot)]
-            for index, slot in enumerate(slots):
-                if len(slot) >= _HEAD.size:
-                    need = _HEAD.size + _HEAD.unpack_from(slot)[1] + _CRC.size
-                    if len(slot) < need <= self._slot:
-                        slots[index] = os.pread(fd, need, index * self._slot)
+            slots = [self._read_slot(fd, start) for start in (0, self._slot)]
             legacy = self._legacy is not None and any(slot.strip(b"\0") for slot in slots)
             if legacy and not any(self._decode(slot) for slot in slots):
                 slots = [os.pread(fd, self._slot, start) for start in (0, self._slot)]
@@ -95,6 +90,30 @@ class SlotFile:
             if whole and _CRC.unpack_from(slot, end)[0] == zlib.crc32(slot[:end]):
                 return seq, slot[_HEAD.size : end]
         return self._legacy(slot) if self._legacy is not None else None
+
+    def refresh(self) -> None:
+        """Learn the newest record's seq, for a file other processes save to as well (a
+        save numbered below theirs would never be read). With the file open, that is a
+        read of each slot's start on the kept descriptor, not an open."""
+        with contextlib.suppress(StoreError, OSError):  # (the save says what is wrong)
+            if self._fd >= 0 and unlinked(self._fd):
+                self.close()
+            if self._fd < 0:
+                self.load()
+                return
+            for start in (0, self._slot):
+                found = self._decode(self._read_slot(self._fd, start))
+                if found is not None and found[0] > self._seq:
+                    self._seq = found[0]
+
+    def _read_slot(self, fd: int, start: int) -> bytes:
+        # A record is small: read the start of the slot, and the rest only if needed.
+        slot = os.pread(fd, _GLANCE, start)
+        if len(slot) >= _HEAD.size:
+            need = _HEAD.size + _HEAD.unpack_from(slot)[1] + _CRC.size
+            if len(slot) < need <= self._slot:
+                slot = os.pread(fd, need, start)
+        return slot
 
     def save(self, payload: bytes, *, sync: bool = False) -> None:
         """Write ``payload`` as the newest record (fsynced with ``sync``)."""
