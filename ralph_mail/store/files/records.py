@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ralph_mail.errors import StoreError
 from ralph_mail.store.base import check_key
 from ralph_mail.store.files.deadletters import DeadLetters
 from ralph_mail.store.files.posix import open_file, read_file, replace_file, store_error
