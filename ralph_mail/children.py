@@ -25,7 +25,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import IO, Final, NamedTuple, Protocol
 
 #: Whether commands run under a keeper (a subreaper needs Linux's prctl and /proc).
@@ -222,6 +223,31 @@ def communicate(child: Child, stdin: bytes, timeout: float, limit: int, err_limi
             timed_out = True
     return Finished(None if timed_out else code, bytes(out), total > limit,
                     bytes(err[-err_limit:]))  # fmt: skip
+
+
+@contextlib.contextmanager
+def report_file(prefix: str) -> Iterator[Path]:
+    """An empty file (0600) for one job to write back to (its path goes in the job's
+    environment), removed once the job is done."""
+    import tempfile
+
+    fd, name = tempfile.mkstemp(prefix=prefix, suffix=".json")
+    os.close(fd)
+    try:
+        yield Path(name)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+
+
+def read_back(path: Path, limit: int) -> bytes:
+    """What a job wrote to its `report_file`: at most ``limit + 1`` bytes (so a caller
+    sees that it wrote too much), b"" when the file is gone."""
+    try:
+        with open(path, "rb") as file:
+            return file.read(limit + 1)
+    except FileNotFoundError:
+        return b""
 
 
 def _pidfd(pid: int) -> int | None:

@@ -499,7 +499,7 @@ class Runner:
             env["RALPH_TASK"] = message.metadata.get("taskId", "")
         if pattern == "mention":
             env["RALPH_CHANNEL"] = message.metadata.get("channel", "")
-        with usage.report_file() as report:
+        with children.report_file("ralph-usage-") as report:
             env[usage.USAGE_FILE_VAR] = str(report)
             try:
                 child = spawn(self.command, env)

@@ -9,7 +9,7 @@ records what it reports (a job that reports nothing costs nothing it knows of):
   ``result``, the answer's text (`from_claude`); ``is_error`` makes the job a failure.
 - any command: a JSON object ``{"input_tokens", "output_tokens", "cost_usd"}`` written to
   the file named by ``$RALPH_USAGE_FILE``, which the runner makes, empty, for each job
-  (`report_file`, `read_report`). What is written there wins over standard output.
+  (`children.report_file`, `read_report`). What is written there wins over standard output.
 
 Each job's figures are one `Record` in the team log ``usage`` (append-only, one JSON
 object a line, like the task log); `load` reads it, `rollup` sums it by agent or task,
@@ -25,17 +25,14 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from ralph_mail import codec
+from ralph_mail import children, codec
 from ralph_mail.message import format_ts
 
 if TYPE_CHECKING:
@@ -168,26 +165,10 @@ def from_claude(stdout: str) -> Reported | None:
     return Reported(spent, answer, error)
 
 
-@contextlib.contextmanager
-def report_file() -> Iterator[Path]:
-    """An empty file (0600) for one job to write its usage to, removed afterwards."""
-    fd, name = tempfile.mkstemp(prefix="ralph-usage-", suffix=".json")
-    os.close(fd)
-    try:
-        yield Path(name)
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(name)
-
-
 def read_report(path: Path) -> Usage | None:
     """What a job wrote to its usage file: None when it wrote nothing; `ValueError`
     naming the problem when it wrote something else than a report."""
-    try:
-        with open(path, "rb") as file:
-            data = file.read(REPORT_MAX_BYTES + 1)
-    except FileNotFoundError:
-        return None
+    data = children.read_back(path, REPORT_MAX_BYTES)
     if not data.strip():
         return None
     if len(data) > REPORT_MAX_BYTES:
