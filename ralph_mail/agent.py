@@ -134,7 +134,8 @@ class TeamAgent:
         #: Tasks assigned while another was in hand, oldest first.
         self.backlog: deque[Assignment] = deque()
         #: My tasks that ended before I finished them (canceled, moved to another agent,
-        #: past their deadline), by id, with why: stop working on one that is here.
+        #: past their deadline), by id, with why: stop working on one that is here. The
+        #: newest `HANDLED_IDS_KEPT` are kept, so a long-lived agent holds a bounded number.
         self.canceled: dict[str, str] = {}
         self._renewal: _Renewal | None = None
         #: Text and broadcasts not yet taken by `take_context`, oldest first.
@@ -269,7 +270,7 @@ class TeamAgent:
             try:
                 self.bus.start(task.id)
             except TaskEnded as exc:  # canceled (or moved) before I came to it: skip it
-                self.canceled[task.id] = str(exc)
+                self._ended(task.id, str(exc))
                 task = self.backlog.popleft() if self.backlog else None
                 continue
             except MailError:  # not in the team's task log (sent by hand): no lease
@@ -291,10 +292,18 @@ class TeamAgent:
         known = {task.id: task for task in self.bus.tasks()}.get(task_id)
         if known is None or (known.open and known.assignee == self.name):
             return  # the log does not back it
-        self.canceled[task_id] = message.content
+        self._ended(task_id, message.content)
         self.backlog = deque(task for task in self.backlog if task.id != task_id)
         if self.task is not None and self.task.id == task_id:
             self._let_go()
+
+    def _ended(self, task_id: str, why: str) -> None:
+        """Note in `canceled` that ``task_id`` ended, the oldest note dropped past
+        `HANDLED_IDS_KEPT`."""
+        self.canceled.pop(task_id, None)  # noted again: it is the newest now
+        self.canceled[task_id] = why
+        while len(self.canceled) > HANDLED_IDS_KEPT:
+            del self.canceled[next(iter(self.canceled))]
 
     def report_status(
         self,
@@ -344,7 +353,8 @@ class TeamAgent:
                 else:
                     self.bus.fail(task_id, text)
             except TaskEnded as exc:
-                self.canceled.setdefault(task_id, str(exc))
+                if task_id not in self.canceled:
+                    self._ended(task_id, str(exc))
 
     # -- plans ----------------------------------------------------------------------------
 

@@ -356,6 +356,25 @@ def test_a_team_agent_starts_renews_and_hears_of_a_cancel(team: Team) -> None:
     assert task_of(lead, "T-1").late == "drafted anyway"
 
 
+def test_a_team_agent_keeps_a_bounded_number_of_ended_tasks(
+    team: Team, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TeamAgent.canceled keeps the newest notes only: an agent that lives long and sees
+    many tasks canceled does not hold one note a task forever."""
+    monkeypatch.setattr("ralph_mail.agent.HANDLED_IDS_KEPT", 2)
+    lead = MessageBus("demo", "lead")
+    with TeamAgent("demo", "worker-1") as agent:
+        agent.process_pending_messages()  # attached: online
+        for n in (1, 2, 3):
+            lead.delegate("worker-1", f"draft {n}", id=f"T-{n}")
+        agent.process_pending_messages()
+        for n in (1, 2, 3):
+            lead.cancel(f"T-{n}", reason="changed")
+        agent.process_pending_messages()
+        assert list(agent.canceled) == ["T-2", "T-3"]
+        assert not agent.backlog
+
+
 def test_the_lead_reports_a_stalled_task_as_an_event(team: Team) -> None:
     """A task the lead gave out whose lease lapsed is reported once: task_stalled."""
     events = []
