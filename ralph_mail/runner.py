@@ -334,10 +334,13 @@ class Runner:
             self._kill(mid, notice.content)
 
     def _kill(self, message_id: str, why: str) -> None:
-        """Kill the run of ``message_id`` and its whole tree now; it sends no answer."""
-        self._canceled.add(message_id)
+        """Kill the run of ``message_id`` and its whole tree now; it sends no answer. A
+        run that ended meanwhile (its lease gone) is left alone: marking it would keep
+        its id in `_canceled` for good."""
         with self._leases_lock:
-            self._leases.pop(message_id, None)
+            if self._leases.pop(message_id, None) is None:
+                return
+            self._canceled.add(message_id)
         child = self._children.get(message_id)
         if child is not None:
             children.stop(child)

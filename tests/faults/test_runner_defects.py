@@ -226,3 +226,17 @@ def test_the_runner_has_no_leftover_children(team: Team, procs: Processes) -> No
 
     wait_until(childless, "the runner's children to be gone")
     stop(child)
+
+
+def test_a_cancel_after_its_run_ended_leaves_nothing_held(team: Team) -> None:
+    """A task_canceled (or a lease renewal refused) that reaches the runner just after
+    the run ended, its lease gone, marks nothing: a long-lived runner keeps no id per
+    such race."""
+    from ralph_mail.runner import Runner
+
+    responder = Runner("demo", "worker-1", [sys.executable])
+    try:
+        responder._kill("0123456789ab", "canceled")
+        assert responder._canceled == set()
+    finally:
+        responder.bus.close()
