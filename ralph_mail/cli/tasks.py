@@ -95,8 +95,7 @@ def delegate(
         check_wait(wait)
         left = wait
         body = read_body(description, settings.max_message_bytes())
-        bus = identity(home, team, agent).bus()
-        try:
+        with identity(home, team, agent).bus() as bus:
             since = bus.store.size(bus.agent)
             task = bus.delegate(to, body, context=context, priority=priority, parent=parent,
                                 id=task_id, visibility=visibility, deadline=deadline)  # fmt: skip
@@ -116,8 +115,6 @@ def delegate(
                 return 0
             result = bus.wait_for_result(task, left, since)
             now = next((t for t in bus.tasks() if t.id == task.id), task)
-        finally:
-            bus.close()
         if result is None and not now.open:
             error_line(f"task {task.id} {now.status}" + (f": {now.result}" if now.result else ""))
             return EXIT_NO
@@ -132,13 +129,10 @@ def delegate(
 
 def _finish(task_id: str, text: str | None, status: str, identity_: Identity) -> None:
     body = read_body(text, settings.max_message_bytes(), empty_ok=True)
-    bus = identity_.bus()
-    try:
+    with identity_.bus() as bus:
         {"completed": bus.complete, "failed": bus.fail, "rejected": bus.reject}[status](
             task_id, body
         )
-    finally:
-        bus.close()
 
 
 @task_app.command("done")
@@ -218,11 +212,8 @@ def task_start(
     """
 
     def action() -> None:
-        bus = identity(home, team, agent).bus()
-        try:
+        with identity(home, team, agent).bus() as bus:
             bus.start(task_id)
-        finally:
-            bus.close()
 
     command(_answer_no(action))
 
@@ -244,11 +235,8 @@ def task_heartbeat(
     """
 
     def action() -> None:
-        bus = identity(home, team, agent).bus()
-        try:
+        with identity(home, team, agent).bus() as bus:
             task = bus.heartbeat(task_id)
-        finally:
-            bus.close()
         say(task.lease_until + "\n")
 
     command(_answer_no(action))
@@ -272,12 +260,9 @@ def task_cancel(
     """
 
     def action() -> None:
-        bus = identity(home, team, agent).bus()
-        try:
+        with identity(home, team, agent).bus() as bus:
             task = bus.cancel(task_id, reason or "")
             found = bus.tasks()
-        finally:
-            bus.close()
         below = {task.id}
         for each in found:  # parents first: a subtask's parent is seen before it
             if each.parent in below and (each.status, each.ended_by) == ("canceled", task.ended_by):
@@ -305,11 +290,8 @@ def task_reassign(
     """
 
     def action() -> None:
-        bus = identity(home, team, agent).bus()
-        try:
+        with identity(home, team, agent).bus() as bus:
             task = bus.reassign(task_id, to)
-        finally:
-            bus.close()
         say(safe(f"{task.id} {task.assignee}", newlines=False) + "\n")
 
     command(_answer_no(action))
