@@ -102,6 +102,8 @@ def deliver(
     """
     shown = list(messages)
     written: list[Message] = []
+    if hand_on is not None:  # consumed as they are handed on: nothing to commit after
+        commit = None
 
     def write(message: Message) -> None:
         _write_out(message, json_out)
@@ -116,7 +118,7 @@ def deliver(
             for message in shown:
                 write(message)
     except BrokenPipeError:
-        _commit(commit if hand_on is None else None, written)
+        _commit(commit, written)
         from ralph_mail.cli import EXIT_BROKEN_PIPE, _silence_stdout
 
         _silence_stdout()
@@ -125,12 +127,12 @@ def deliver(
         raise MailError(f"could not consume the messages ({exc}): nothing was shown, they "
                         "stay unread") from None  # fmt: skip
     except (OSError, ValueError, AttributeError) as exc:
-        _commit(commit if hand_on is None else None, written)
+        _commit(commit, written)
         reason = getattr(exc, "strerror", None) or "it is closed"
         raise MailError(
             f"cannot write to standard output ({reason}): the messages not shown stay unread"
         ) from None
-    _commit(commit if hand_on is None else None, written)
+    _commit(commit, written)
     return 0
 
 
