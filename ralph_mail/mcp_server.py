@@ -48,6 +48,7 @@ from ralph_mail.bus import MessageBus
 from ralph_mail.errors import InvalidMessage, MailError, NoReply
 from ralph_mail.mcp_push import PUSH_INSTRUCTIONS, InboxWatch
 from ralph_mail.message import Message, MessageType
+from ralph_mail.talk.tasks import canceled_with
 
 _T = TypeVar("_T")
 _F = TypeVar("_F", bound=Callable[..., object])
@@ -231,9 +232,7 @@ class Mailbox:
     def cancel(self, task_id: str, reason: str | None) -> str:
         with self._lock:
             task = self.bus.cancel(task_id, reason or "")
-            below = sum(1 for t in self.bus.tasks() if t.parent is not None and
-                        t.status == "canceled" and t.ended_by == self.bus.agent
-                        and t.updated == task.updated)  # fmt: skip
+            below = len(canceled_with(task, self.bus.tasks())) - 1
         more = f" with {below} open subtask{'s' if below != 1 else ''}" if below else ""
         return f"Task {task.id} canceled{more}; {task.assignee} was told to stop."
 

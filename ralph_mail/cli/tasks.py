@@ -260,14 +260,12 @@ def task_cancel(
     """
 
     def action() -> None:
+        from ralph_mail.talk.tasks import canceled_with
+
         with identity(home, team, agent).bus() as bus:
             task = bus.cancel(task_id, reason or "")
             found = bus.tasks()
-        below = {task.id}
-        for each in found:  # parents first: a subtask's parent is seen before it
-            if each.parent in below and (each.status, each.ended_by) == ("canceled", task.ended_by):
-                below.add(each.id)
-        say("".join(f"{safe(t.id, newlines=False)}\n" for t in found if t.id in below))
+        say("".join(f"{safe(t.id, newlines=False)}\n" for t in canceled_with(task, found)))
 
     command(_answer_no(action))
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 from ralph_mail import codec
@@ -518,13 +518,19 @@ def cancel(box: Mailbox, task_id: str, reason: str) -> Task:
         task = known[task.id]
     if task.status != "canceled" or task.ended_by != box.agent:
         raise TaskEnded(f"{_ended(task)}: nothing to cancel")
-    below = [t for t in ordered(known) if t.status == "canceled" and t.ended_by == box.agent
-             and (t.id == task.id or _under(t, task.id, known))]  # fmt: skip
-    for each in below:
+    for each in canceled_with(task, known.values()):
         why = reason if each.id == task.id else f"{task.id} was canceled" + (
             f" ({reason})" if reason else "")  # fmt: skip
         _tell_canceled(box, each, each.assignee, each.assignment, why)
     return task
+
+
+def canceled_with(task: Task, tasks: Iterable[Task]) -> list[Task]:
+    """The canceled ``task`` and the subtasks below it its cancel ended (canceled by the
+    same agent), parents first: what one `cancel` stopped."""
+    known = {each.id: each for each in tasks}
+    return [t for t in ordered(known) if t.status == "canceled" and t.ended_by == task.ended_by
+            and (t.id == task.id or _under(t, task.id, known))]  # fmt: skip
 
 
 def _under(task: Task, root: str, known: dict[str, Task]) -> bool:
