@@ -2,20 +2,24 @@
 
 While `ralph-mail serve` serves the team, each such member is answered by a `Runner` on
 a thread of the server, whose command is this module: ``python -m
-ralph_mail.serve.remote URL`` reads the request (the runner's JSON) on its standard
-input, sends its text to the agent at URL with the a2a-sdk's client (a blocking
+ralph_mail.serve.remote`` reads the request (the runner's JSON) on its standard
+input, sends its text to the agent at the member's address in the roster (the runner
+names the team and the member in the job's environment) with the a2a-sdk's client (a blocking
 SendMessage), and prints the answer: the task's result, or its status message. A task
 that failed or was refused there exits 1 with why, which the runner sends as the error.
 So an ``ask`` or a ``delegate`` to the member gets its answer like any member's, and
 the runner's guarantees hold (one answer a request, consumed only once answered).
 
 A URL may carry the remote server's token (``?token=...``, as ``ralph-mail serve``
-prints it): it is sent as ``Authorization: Bearer``, never in the address.
+prints it): it is sent as ``Authorization: Bearer``, never in the address, and the
+address is read from the roster, not passed on a command line another user's ``ps``
+shows.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import threading
 from typing import TYPE_CHECKING, Final
@@ -76,15 +80,29 @@ async def send(url: str, text: str, timeout: float = TIMEOUT_S) -> tuple[bool, s
 
 def main(argv: list[str]) -> int:
     """The runner's command: the request on stdin, the answer on stdout."""
-    if len(argv) != 1:
-        print("usage: python -m ralph_mail.serve.remote URL", file=sys.stderr)
+    if argv:
+        print("usage: python -m ralph_mail.serve.remote (run by ralph-mail serve)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    from ralph_mail.errors import MailError
+    from ralph_mail.team import load_team
+
+    env = os.environ
+    try:
+        url = load_team(env["RALPH_TEAM"], env["RALPH_HOME"]).member(env["RALPH_AGENT"]).remote
+    except (KeyError, MailError) as exc:
+        print(f"cannot find the member's address in its roster: {exc}", file=sys.stderr)
+        return 2
+    if url is None:
+        print(f"{env['RALPH_AGENT']} is not a remote member of {env['RALPH_TEAM']}",
+              file=sys.stderr)  # fmt: skip
         return 2
     try:
         request = orjson.loads(sys.stdin.buffer.read())
         text = str(request["message"]["content"])
-        done, answer = asyncio.run(send(argv[0], text))
+        done, answer = asyncio.run(send(url, text))
     except Exception as exc:  # the agent is not there, refused, answered nonsense
-        print(f"the A2A agent at {split(argv[0])[0]} failed: {exc}", file=sys.stderr)
+        print(f"the A2A agent at {split(url)[0]} failed: {exc}", file=sys.stderr)
         return 1
     print(answer, file=sys.stdout if done else sys.stderr)
     return 0 if done else 1
@@ -100,7 +118,7 @@ def bridge(view: TeamView, stop: threading.Event) -> list[threading.Thread]:
     for member in view.team().members:
         if member.remote is None:
             continue
-        command = [sys.executable, "-m", "ralph_mail.serve.remote", member.remote]
+        command = [sys.executable, "-m", "ralph_mail.serve.remote"]
         runner = Runner(view.name, member.name, command, view.home, jobs=JOBS,
                         timeout=TIMEOUT_S, format="json")  # fmt: skip
         online = threading.Event()
