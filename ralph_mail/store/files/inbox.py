@@ -249,19 +249,8 @@ class InboxLog:
             return self._append(head, tail, durable)
 
     def _append(self, head: bytes, tail: bytes, durable: bool) -> tuple[str, int]:
+        size = self._lock()
         fd = self._writer
-        if fd >= 0 and self._pid == my_pid():  # the common case of `_lock`, inline
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            status = os.fstat(fd)
-            if status.st_nlink:
-                size = status.st_size
-            else:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                size = self._lock()
-                fd = self._writer
-        else:
-            size = self._lock()
-            fd = self._writer
         try:
             if size != self._end:  # another process wrote since our last append
                 size = self._probe_tail(fd, size, durable)
