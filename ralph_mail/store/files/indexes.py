@@ -119,12 +119,7 @@ class IndexFiles:
     def _write(self, name: str, record: bytes) -> None:
         try:
             with self._lock:
-                fd = self._fds.get(name)
-                if fd is None or self._generation != self.dirs.generation or self._pid != my_pid():
-                    fd = self._fd(name)
-                else:
-                    self._fds.move_to_end(name)
-                write_all(fd, record)
+                write_all(self._fd(name), record)
         except OSError as exc:
             raise store_error(exc, str(self.dirs.path("index", name)), "write") from None
 
