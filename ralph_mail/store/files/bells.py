@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from ralph_mail.settings import FILE_MODE
 from ralph_mail.store.files.layout import TeamDirs
-from ralph_mail.store.files.posix import open_dir, pid_alive
+from ralph_mail.store.files.posix import open_dir, pid_alive, wait_readable
 
 #: The team's directory of doorbells, and the one of notes left by polling waiters.
 BELLS = "bells"
@@ -157,12 +157,7 @@ class Bell:
 
     def wait(self, timeout: float) -> bool:
         """Block until rung or ``timeout`` seconds; True when rung (and drained)."""
-        if not self._poller.poll(max(0, round(timeout * 1000))):
-            return False
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self.fd, 4096):
-                pass
-        return True
+        return wait_readable(self._poller, self.fd, timeout)
 
     def close(self) -> None:
         """Unlink the FIFO from every key and close it."""

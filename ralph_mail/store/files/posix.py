@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import select
 import stat
 
 from ralph_mail.errors import StoreError
@@ -193,3 +194,14 @@ def copy_range(source: int, target: int, offset: int, length: int) -> None:
             written += len(chunk)
     if written != length:
         raise StoreError(f"inbox shrank while it was copied ({written} of {length} bytes)")
+
+
+def wait_readable(poller: select.poll, fd: int, timeout: float) -> bool:
+    """Block in ``poll(2)`` (``poller``, on which ``fd`` is registered) at most ``timeout``
+    seconds; once ``fd``, a non-blocking pipe or FIFO, is readable, read it empty: True."""
+    if not poller.poll(max(0, round(timeout * 1000))):
+        return False
+    with contextlib.suppress(BlockingIOError):
+        while os.read(fd, 4096):
+            pass
+    return True

@@ -53,6 +53,7 @@ from ralph_mail.settings import (
     WATCH_STOP_CHECK_S,
     wait_mechanism,
 )
+from ralph_mail.store.files.posix import wait_readable
 
 if TYPE_CHECKING:
     from ralph_mail.store.base import StopEvent
@@ -235,12 +236,7 @@ class _Watchfiles:
         self._poller.register(self._read, select.POLLIN)
 
     def wait(self, timeout: float) -> bool:
-        if not self._poller.poll(max(0, round(timeout * 1000))):
-            return False
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self._read, 4096):
-                pass
-        return True
+        return wait_readable(self._poller, self._read, timeout)
 
     def close(self) -> None:
         self._closed.set()
