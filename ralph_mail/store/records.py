@@ -74,12 +74,6 @@ class Commit:
     time: int
     passed: bool = False
 
-    @classmethod
-    def of(cls, before: Cursor, after: Cursor, time: int) -> Commit:
-        """The commit that moved a cursor from ``before`` to ``after`` at ``time``."""
-        mark, passed = marks(before, after)
-        return cls(before.floor, after.floor, mark, time, passed)
-
 
 def marks(before: Cursor, after: Cursor) -> tuple[int, bool]:
     """The line a commit from ``before`` to ``after`` consumed out of order (-1: none),
@@ -249,8 +243,7 @@ class Records:
 
     def note_commit(self: Primitives, agent: str, before: Cursor, after: Cursor) -> None:
         """Record a commit of ``agent``'s owner: a line of ``commits:AGENT``, stamped now."""
-        commit = Commit.of(before, after, 0)
-        fields = (commit.before, commit.floor, commit.mark, commit.passed)
+        fields = (before.floor, after.floor, *marks(before, after))
         _put(self, f"commits:{agent}", b"%020d %020d %020d %d" % fields)
 
     def consumed_at(self: Primitives, agent: str, offset: int, since: str) -> str | None:

@@ -19,7 +19,7 @@ from ralph_mail.store.nats.background import flush, later
 from ralph_mail.store.nats.logs import Logs
 from ralph_mail.store.nats.stream import READ_BATCH
 from ralph_mail.store.nats.wire import Reply
-from ralph_mail.store.records import MARK_SCAN, Commit, micros, when_consumed
+from ralph_mail.store.records import MARK_SCAN, Commit, marks, micros, when_consumed
 
 
 def _commit(message: Reply) -> Commit:
@@ -37,8 +37,8 @@ class Commits(Logs):
     def note_commit(self, agent: str, before: Cursor, after: Cursor) -> None:
         now = max(time.time_ns() // 1000, self._commit_times.get(agent, 0))
         self._commit_times[agent] = now
-        commit = Commit.of(before, after, now)
-        fields = (commit.before, commit.floor, commit.mark, commit.time, commit.passed)
+        mark, passed = marks(before, after)
+        fields = (before.floor, after.floor, mark, now, passed)
         later("commit", self._acked, self._subject(f"commits:{agent}"), b"%d %d %d %d %d" % fields)
 
     def consumed_at(self, agent: str, offset: int, since: str) -> str | None:
