@@ -23,11 +23,14 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar, Final, NamedTuple
+from typing import ClassVar, Final, NamedTuple, TypeVar
 from urllib.parse import SplitResult, unquote, urlsplit
 
 from ralph_mail.store.outage import Tries, answered
+
+_T = TypeVar("_T")
 
 
 def _seconds(name: str, default: float) -> float:
@@ -263,21 +266,11 @@ class Wire:
         until ``timeout``, or for as long as the process is patient. ``pull``: a
         consumer's next message, which comes under its own subject (a late one, of a
         pull given up on, is as good: every message pulled is a stored line)."""
-        deadline = time.monotonic() + timeout
-        tries = Tries(deadline, f"the NATS server at {self.shown}")
-        while True:
-            answer_by = min(deadline, time.monotonic() + TRY_S) if again else deadline
-            try:
-                replies = self._request(subject, payload, headers, deadline, batch, pull,
-                                        answer_by)  # fmt: skip
-                answered(tries.where)
-                return replies
-            except (Unreachable, Refused):
-                raise  # (connecting tried again until the deadline already, or must not)
-            except (WireError, TimeoutError) as exc:
-                if not again or not tries.again(str(exc) or "no answer"):
-                    raise
-                deadline = max(deadline, time.monotonic() + TRY_S)  # (patient: past it)
+
+        def attempt(deadline: float, answer_by: float) -> list[Reply]:
+            return self._request(subject, payload, headers, deadline, batch, pull, answer_by)
+
+        return self._tried(attempt, timeout, again)
 
     def many(
         self, asks: list[tuple[str, bytes]], *, timeout: float = REQUEST_S
@@ -285,17 +278,23 @@ class Wire:
         """Batched reads (see ``batch`` of `request`) at once: all published before any
         answer is read, so that they cost one round trip, not one each; each one's
         answer sorted out by its reply subject. Sent again as `request` sends a read."""
+        return self._tried(lambda deadline, by: self._many(asks, deadline, by), timeout, True)
+
+    def _tried(self, attempt: Callable[[float, float], _T], timeout: float, again: bool) -> _T:
+        """``attempt(deadline, answer_by)`` until it answers: tried again (``again``) as
+        `request` says, over a new connection or once no answer came by ``answer_by``."""
         deadline = time.monotonic() + timeout
         tries = Tries(deadline, f"the NATS server at {self.shown}")
         while True:
+            answer_by = min(deadline, time.monotonic() + TRY_S) if again else deadline
             try:
-                replies = self._many(asks, deadline, min(deadline, time.monotonic() + TRY_S))
+                answer = attempt(deadline, answer_by)
                 answered(tries.where)
-                return replies
+                return answer
             except (Unreachable, Refused):
-                raise
+                raise  # (connecting tried again until the deadline already, or must not)
             except (WireError, TimeoutError) as exc:
-                if not tries.again(str(exc) or "no answer"):
+                if not again or not tries.again(str(exc) or "no answer"):
                     raise
                 deadline = max(deadline, time.monotonic() + TRY_S)  # (patient: past it)
 
