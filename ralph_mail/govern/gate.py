@@ -43,14 +43,7 @@ from ralph_mail.errors import (
 )
 from ralph_mail.govern.policy import KEY as POLICY_KEY
 from ralph_mail.govern.policy import RATE_WINDOW_S, Decision, Policy
-from ralph_mail.message import (
-    BROADCAST_ADDRESS,
-    Message,
-    MessageType,
-    decode_lines,
-    format_ts,
-    from_envelope,
-)
+from ralph_mail.message import BROADCAST_ADDRESS, Message, MessageType, format_ts, from_envelope
 
 if TYPE_CHECKING:
     from ralph_mail.mailbox import Mailbox
@@ -257,9 +250,7 @@ class Gate:
         if in_thread is not None:
             original = next((m for m in in_thread if m.id == answered), None)
         if original is None:
-            original = box.find(answered, (sender, to))
-        if original is None:
-            original = self._received(answered)
+            original = box.find(answered, (to, sender))
         if original is None or (original.from_agent, original.to_agent) != (to, sender):
             return ""
         if kind in _ANSWERS and original.type != _ANSWERS[kind]:  # type: ignore[index]
@@ -299,17 +290,6 @@ class Gate:
             lead = box.team.lead
             return to == task.reassigned_from and sender in (task.delegated_by, lead)
         return to == task.delegated_by and task.stalled
-
-    def _received(self, message_id: str) -> Message | None:
-        """``message_id`` among the last lines of my inbox. Its sender indexes a message
-        just after appending it, so an answer sent in between (a runner answers in
-        milliseconds) finds it here, not in the indexes."""
-        box = self._box()
-        lines, _ = box.store.read_tail(box.agent, settings.RESPOND_LOOKBACK_LINES)
-        for message in reversed(decode_lines(lines)[0]):
-            if isinstance(message, Message) and message.id == message_id:
-                return message
-        return None
 
     def _govern(self, recipients: list[str], check: str, protocol: bool) -> str:
         """Apply the policy to a message from me to ``recipients``: raise

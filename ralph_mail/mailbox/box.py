@@ -411,13 +411,35 @@ class Mailbox(Consuming):
         return found
 
     def find(self, message_id: str, between: tuple[str, str]) -> Message | None:
-        """The direct message ``message_id`` between the two agents ``between`` (every
-        direct message is in its pair's index), or None."""
-        # What is answered is most often recent: the pair's last few first, all of it after.
-        for limit in (_RECENT, ALL):
-            for message in reversed(self.indexed(pair_key(*between), limit)):
-                if message.id == message_id:
-                    return message
+        """The direct message ``message_id`` between the two agents ``between``, ``(its
+        sender, its recipient)``, or None.
+
+        Every direct message is in its pair's index once its sender noted it there, just
+        after the append: one not noted yet (an answer can come in between; a kill there
+        leaves it so) is looked for among its recipient's last lines (`arrived`)."""
+        # What is answered is most often recent: the pair's last few first, all of it last.
+        pair = pair_key(*between)
+        for message in reversed(self.indexed(pair, _RECENT)):
+            if message.id == message_id:
+                return message
+        unnoted = self.arrived(between[1], message_id)
+        if unnoted is not None and unnoted.from_agent == between[0]:
+            return unnoted
+        for message in reversed(self.indexed(pair, ALL)):
+            if message.id == message_id:
+                return message
+        return None
+
+    def arrived(self, agent: str, message_id: str) -> Message | None:
+        """``message_id`` among the last `settings.RESPOND_LOOKBACK_LINES` lines of
+        ``agent``'s inbox, read or not, or None: where a message is before its sender
+        notes it in the indexes (`_index`, just after the append), and stays when a kill
+        comes in between."""
+        lines, _ = self._store.read_tail(agent, settings.RESPOND_LOOKBACK_LINES)
+        needle = message_id.encode()
+        for message in reversed(decode_lines([line for line in lines if needle in line])[0]):
+            if isinstance(message, Message) and message.id == message_id:
+                return message
         return None
 
     def delivered(

@@ -180,8 +180,9 @@ def _asked_before(box: Mailbox, request_id: str, to: str, timeout: float) -> Mes
             box.consume_if_mine(message)
             return message
         asked = asked or (message.id == request_id and message.from_agent == box.agent)
-    if not asked:  # a kill between the append and its index entry: unread, unindexed
-        asked = box.delivered(to, request_id, box.store.load_cursor(to).floor)
+    if not asked:  # a kill between the append and its index entry: in the inbox, unindexed
+        sent = box.arrived(to, request_id)
+        asked = sent is not None and sent.from_agent == box.agent
     if not asked:
         return None
     # Not answered when the thread was read: the reply is unconsumed mail, at or above

@@ -175,7 +175,7 @@ def thread(box: Mailbox, thread_id: str) -> list[Message]:
     if found and all(message.id != thread_id for message in found):
         answer = next((m for m in found if m.reply_to == thread_id), None)
         if answer is not None:
-            first = box.find(thread_id, (answer.from_agent, answer.to_agent))
+            first = box.find(thread_id, (answer.to_agent, answer.from_agent))
             if first is not None:
                 found.insert(0, first)
     return found

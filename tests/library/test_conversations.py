@@ -209,3 +209,27 @@ def test_a_thread_of_internal_messages_stops_at_the_limit(
         worker.reply(again, "and the third?")
     shown = worker.reply(again, "here is the answer", visibility="user_visible")
     assert lead.reply(shown, "thanks").thread == first.id
+
+
+def test_asking_again_under_the_id_of_a_request_left_unindexed_sends_it_once(
+    team: Team, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kill between a request's append and its index entry leaves it in the inbox but
+    not in the indexes; asked again under its id, it is found there, read or not, and not
+    sent twice: the asker waits for the one request's answer."""
+    worker = MessageBus("demo", "worker-1")
+    worker.peek()  # online
+    asker = MessageBus("demo", "lead")
+    with monkeypatch.context() as killed:  # appended, never indexed
+        killed.setattr(type(asker), "_index", lambda *args: None)
+        with pytest.raises(NoReply):
+            asker.ask("worker-1", "still there?", id="0123456789ab", timeout=0.05)
+    assert asker.thread("0123456789ab") == []
+    (request,) = worker.poll()  # read, not answered yet
+    with pytest.raises(NoReply):
+        asker.ask("worker-1", "still there?", id="0123456789ab", timeout=0.05)
+    worker.reply(request, "yes")
+    answer = asker.ask("worker-1", "still there?", id="0123456789ab", timeout=5)
+    assert (answer.content, answer.reply_to) == ("yes", "0123456789ab")
+    lines, _ = worker.store.read_tail("worker-1", 10)
+    assert sum(b'"id":"0123456789ab"' in line for line in lines) == 1
