@@ -17,8 +17,10 @@ from tests.helpers.processes import cli_env
 ME = ("--team", "demo", "--agent", "worker-1")
 #: Costly imports a one-message command does without: orjson (its import is about as
 #: long as the rest of the command; ralph_mail.codec writes its bytes), shutil (with bz2
-#: and lzma; argparse imports it for the terminal's width), and datetime (presence).
-NOT_IMPORTED = ("orjson", "shutil", "bz2", "lzma", "datetime")
+#: and lzma; argparse imports it for the terminal's width), datetime (presence), and
+#: secrets (with hmac, hashlib, random and base64: a doorbell's name needs a few random
+#: bytes, which os.urandom gives).
+NOT_IMPORTED = ("orjson", "shutil", "bz2", "lzma", "datetime", "secrets", "random")
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import select
 import stat
 import weakref
@@ -115,7 +114,7 @@ class Bell:
     """
 
     def __init__(self, dirs: TeamDirs, keys: list[str]) -> None:
-        self.token = f"{os.getpid()}-{secrets.token_hex(6)}"
+        self.token = f"{os.getpid()}-{os.urandom(6).hex()}"
         bells = os.dup(dirs.get(BELLS))  # made on first use: older teams have none
         self._links: list[str] = []
         self._fds = [bells, -1]
@@ -191,7 +190,7 @@ class PollingNote:
     removed when it stops; a dead process's note is ignored, and removed by doctor."""
 
     def __init__(self, dirs: TeamDirs, reason: str) -> None:
-        self.name = f"{os.getpid()}-{secrets.token_hex(6)}"
+        self.name = f"{os.getpid()}-{os.urandom(6).hex()}"
         place = open_dir(POLLING, dirs.get(BELLS), create=True)
         try:
             fd = os.open(self.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
