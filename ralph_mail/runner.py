@@ -58,7 +58,9 @@ from ralph_mail.children import Child, communicate, end, spawn
 from ralph_mail.errors import BudgetExceeded, InvalidMessage, MailError, RefusedByRules, TaskEnded
 from ralph_mail.govern import presence, tasklog
 from ralph_mail.message import Message, MessageType, fit_text, parse_ts
+from ralph_mail.settings import WATCH_SAFETY_POLL_MAX_S, safety_poll
 from ralph_mail.store.base import StopEvent, Waiter
+from ralph_mail.store.flag import Flag, filenos_of
 from ralph_mail.store.outage import patient
 
 #: What starts a run, by message type, and the pattern its child is told.
@@ -154,10 +156,15 @@ def _note(text: str) -> None:
 
 
 class _Either:
-    """Set when either event is (``stop`` may be None): a wait ends on either."""
+    """Set when either event is (``stop`` may be None): a wait ends on either. When both
+    are flags (`Flag`), a waiter polls both and an idle runner sleeps until mail, its
+    safety poll or a lease to renew."""
 
-    def __init__(self, stop: StopEvent | None, other: threading.Event) -> None:
+    def __init__(self, stop: StopEvent | None, other: Flag) -> None:
         self._stop, self._other = stop, other
+        fds = () if stop is None else filenos_of(stop)
+        if fds is not None:
+            self.filenos = lambda: (*fds, *other.filenos())
 
     def is_set(self) -> bool:
         return self._other.is_set() or (self._stop is not None and self._stop.is_set())
@@ -210,6 +217,8 @@ class Runner:
         # The runs on tasks of the team's log: message id -> (task id, when its lease is
         # next renewed, monotonic); and the runs killed because their task was canceled.
         self._leases: dict[str, tuple[str, float]] = {}
+        # Wakes the loop's wait: a job ended, or a lease it must renew was taken.
+        self._kick = Flag()
         self._leases_lock = threading.Lock()
         self._canceled: set[str] = set()
         self._local = threading.local()  # each pool thread's own bus
@@ -236,8 +245,9 @@ class Runner:
         said = "idle"
         running: dict[Future[None], Message] = {}
         watching: tuple[tuple[str, ...], Waiter | None] = ((), None)
-        finished = threading.Event()  # a job ended: wakes the wait below
+        finished = self._kick  # a job ended or took a lease: wakes the wait below
         woken = _Either(stop, finished)
+        quiet = time.monotonic()  # since when nothing came: the safety poll stretches
         with ThreadPoolExecutor(self.jobs, thread_name_prefix="ralph-run") as pool:
             try:
                 while stop is None or not stop.is_set():
@@ -245,8 +255,10 @@ class Runner:
                     self._collect(running, wait_s=0.0)
                     taken = {message.id for message in running.values()}
                     keys = {self.bus.agent}  # my inbox, and channels where a turn goes on
-                    wake = min(time.time() + 1.0, self._renew())
+                    wake = min(time.time() + safety_poll(time.monotonic() - quiet),
+                               self._renew())  # fmt: skip
                     for message in self.bus.peek():
+                        quiet = time.monotonic()
                         if message.id in taken:
                             continue
                         if message.type == MessageType.TASK_CANCELED:
@@ -308,7 +320,7 @@ class Runner:
             due = [(mid, task) for mid, (task, at) in self._leases.items() if at <= now]
             for mid, task in due:
                 self._leases[mid] = (task, now + interval)
-            soonest = min((at for _, at in self._leases.values()), default=now + 1.0)
+            soonest = min((at for _, at in self._leases.values()), default=float("inf"))
         for mid, task in due:
             try:
                 self.bus.heartbeat(task)
@@ -316,7 +328,7 @@ class Runner:
                 self._kill(mid, str(exc))
             except MailError as exc:  # the next renewal tries again
                 _note(f"could not renew the lease of task {task}: {exc}")
-        return time.time() + max(0.0, soonest - time.monotonic())
+        return time.time() + max(0.0, min(soonest, now + WATCH_SAFETY_POLL_MAX_S) - now)
 
     def _on_canceled(self, notice: Message) -> None:
         """Kill the runs on the task a ``task_canceled`` names, once the task log backs
@@ -434,6 +446,7 @@ class Runner:
         interval = tasklog.lease_seconds(dict(bus.team.config)) / 3
         with self._leases_lock:
             self._leases[message.id] = (task.id, time.monotonic() + interval)
+        self._kick.set()  # the loop's wait may be longer than the first renewal
         return parse_ts(task.deadline) if task.deadline else None
 
     def _thread_bus(self) -> MessageBus:
@@ -571,6 +584,7 @@ class Runner:
                 bus.close()
             self._buses.clear()
         self.bus.close()
+        self._kick.close()
 
     def __enter__(self) -> Runner:
         return self

@@ -136,7 +136,10 @@ def create_team(
     if not specs:
         raise InvalidName(f"team {name!r} needs at least one member: pass --member NAME")
     names = [member.name for member in specs]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
+    counts: dict[str, int] = {}
+    for n in names:
+        counts[n] = counts.get(n, 0) + 1
+    duplicates = sorted(n for n, count in counts.items() if count > 1)
     if duplicates:
         raise InvalidName(f"member {duplicates[0]!r} is listed twice: list each member once")
     lead_name = names[0] if lead is None else check_name(lead, "lead name")

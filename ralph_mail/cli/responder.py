@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import threading
 from typing import Annotated
 
 from ralph_mail.cli import error_line
@@ -51,9 +50,10 @@ def run(
 
     def action() -> int:
         from ralph_mail.runner import Runner
+        from ralph_mail.store.flag import Flag
 
         who = identity(home, team, agent)
-        stop = threading.Event()
+        stop = Flag()  # ends the runner's wait at once (a threading.Event is looked at)
         previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
         try:
             with Runner(who.need_team(), who.need_agent(), argv or [], home, jobs=jobs,

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import orjson
@@ -37,6 +38,22 @@ def test_a_runner_answers_asks_and_delegations(team: Team, procs: Processes) -> 
     delegated = ralph(team.home, "delegate", "worker-1", "summarise Q4", "--wait", "30",
                       "--team", "demo", "--agent", "lead")  # fmt: skip
     assert delegated.stdout == b"delegate from lead (): summarise Q4\n", delegated.stderr
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=BOUND_S) == 0
+
+
+def test_an_idle_runner_sleeps_until_mail_or_a_signal(team: Team, procs: Processes) -> None:
+    """An idle runner is woken by nothing but its safety poll (after 1 s, then 5 s: its
+    stop flag is polled beside its doorbell, not looked at in slices), and a SIGTERM still
+    ends it at once. Counted as the times its threads were woken (/proc), not timed."""
+    from bench.hive import counters
+
+    child = runner(procs, team.home, "worker-1", ECHO)
+    assert ask(team.home, "worker-1", "awake?").returncode == 0  # settled: idle from here
+    before = counters([child.pid])[child.pid].wakeups
+    time.sleep(3.0)  # the window counted, not a synchronisation
+    woke = counters([child.pid])[child.pid].wakeups - before
+    assert woke <= 6, woke  # looking at a stop event in slices woke it about 15 times
     child.send_signal(signal.SIGTERM)
     assert child.wait(timeout=BOUND_S) == 0
 

@@ -154,9 +154,10 @@ class Bell:
                 os.close(place)
         raise OSError(errno.EAGAIN, f"cannot register a doorbell for {key!r}")
 
-    def wait(self, timeout: float) -> bool:
-        """Block until rung or ``timeout`` seconds; True when rung (and drained)."""
-        return wait_readable(self._poller, self.fd, timeout)
+    def wait(self, timeout: float, also: tuple[int, ...] = ()) -> bool:
+        """Block until rung, ``timeout`` seconds or one of ``also`` readable; True when
+        rung (and drained)."""
+        return wait_readable(self._poller, self.fd, timeout, also)
 
     def close(self) -> None:
         """Unlink the FIFO from every key and close it."""

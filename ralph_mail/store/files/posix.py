@@ -196,12 +196,26 @@ def copy_range(source: int, target: int, offset: int, length: int) -> None:
         raise StoreError(f"inbox shrank while it was copied ({written} of {length} bytes)")
 
 
-def wait_readable(poller: select.poll, fd: int, timeout: float) -> bool:
+def wait_readable(poller: select.poll, fd: int, timeout: float, also: tuple[int, ...] = ()) -> bool:
     """Block in ``poll(2)`` (``poller``, on which ``fd`` is registered) at most ``timeout``
-    seconds; once ``fd``, a non-blocking pipe or FIFO, is readable, read it empty: True."""
-    if not poller.poll(max(0, round(timeout * 1000))):
+    seconds, or until one of ``also`` (a stop flag's descriptors, left as they are) is
+    readable; once ``fd``, a non-blocking pipe or FIFO, is readable, read it empty: True."""
+    if not ready(poller, fd, timeout, also):
         return False
     with contextlib.suppress(BlockingIOError):
         while os.read(fd, 4096):
             pass
     return True
+
+
+def ready(poller: select.poll, fd: int, timeout: float, also: tuple[int, ...] = ()) -> bool:
+    """Block in ``poll(2)`` at most ``timeout`` seconds; whether ``fd`` is readable (one
+    of ``also`` readable ends the wait too, with False unless ``fd`` is as well)."""
+    for other in also:
+        poller.register(other, select.POLLIN)
+    try:
+        events = poller.poll(max(0, round(timeout * 1000)))
+    finally:
+        for other in also:
+            poller.unregister(other)
+    return any(got == fd for got, _ in events)

@@ -53,7 +53,8 @@ from ralph_mail.settings import (
     WATCH_STOP_CHECK_S,
     wait_mechanism,
 )
-from ralph_mail.store.files.posix import wait_readable
+from ralph_mail.store.files.posix import ready, wait_readable
+from ralph_mail.store.flag import filenos_of
 
 if TYPE_CHECKING:
     from ralph_mail.store.base import StopEvent
@@ -65,9 +66,10 @@ Places = Mapping[Path, list[str]]
 
 class Source(Protocol):
     """One way of learning that something changed (a doorbell, inotify, watchfiles, a
-    poller): ``wait`` blocks at most ``timeout`` seconds, True when something did."""
+    poller): ``wait`` blocks at most ``timeout`` seconds, or until one of ``also`` (a stop
+    flag's descriptors) is readable; True when something changed."""
 
-    def wait(self, timeout: float) -> bool: ...
+    def wait(self, timeout: float, also: tuple[int, ...] = ()) -> bool: ...
 
     def close(self) -> None: ...
 
@@ -143,14 +145,14 @@ class _Inotify:
             raise OSError(error, f"inotify_add_watch: {os.strerror(error)}", str(path))
         return wd
 
-    def wait(self, timeout: float) -> bool:
+    def wait(self, timeout: float, also: tuple[int, ...] = ()) -> bool:
         # A signal whose handler raises (Ctrl-C, the lead's SIGTERM) ends poll() with that
         # exception; one whose handler returns lets poll() go on (PEP 475).
         deadline = time.monotonic() + timeout
         while True:
             remaining = max(0.0, deadline - time.monotonic())
-            if not self._poller.poll(max(0, round(remaining * 1000))):
-                return False
+            if not ready(self._poller, self.fd, remaining, also):
+                return False  # the time is up, or a stop flag was set
             if self._relevant():
                 return True
             if time.monotonic() >= deadline:
@@ -235,8 +237,8 @@ class _Watchfiles:
         self._poller = select.poll()
         self._poller.register(self._read, select.POLLIN)
 
-    def wait(self, timeout: float) -> bool:
-        return wait_readable(self._poller, self._read, timeout)
+    def wait(self, timeout: float, also: tuple[int, ...] = ()) -> bool:
+        return wait_readable(self._poller, self._read, timeout, also)
 
     def close(self) -> None:
         self._closed.set()
@@ -287,8 +289,11 @@ class _Poll:
                 seen.append((info.st_ino, info.st_nlink, info.st_mtime_ns))
         return seen
 
-    def wait(self, timeout: float) -> bool:
+    def wait(self, timeout: float, also: tuple[int, ...] = ()) -> bool:
         deadline = time.monotonic() + timeout
+        pause = select.poll()  # sleeps between looks, and ends for a stop flag
+        for fd in also:
+            pause.register(fd, select.POLLIN)
         while True:
             seen = self._look()
             if seen != self._seen:
@@ -297,7 +302,8 @@ class _Poll:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            time.sleep(min(self._delay, remaining))  # polling is what this way is
+            if pause.poll(round(min(self._delay, remaining) * 1000)):  # polling is this way
+                return False
             self._delay = min(self._delay * WATCH_POLL_BACKOFF, WATCH_POLL_MAX_MS / 1000)
 
     def close(self) -> None:
@@ -397,6 +403,9 @@ class Watcher:
         """
         if stop is None:
             return self._source.wait(timeout)
+        also = filenos_of(stop)
+        if also is not None:  # a Flag: poll(2) watches it beside the source
+            return not stop.is_set() and self._source.wait(timeout, also)
         # poll(2) cannot watch a threading.Event: look at it between slices, which grow
         # while nothing happens (an idle waiter with a stop event wakes about once a second).
         deadline = time.monotonic() + timeout
