@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -49,7 +50,8 @@ from mcp.types import (
 )
 
 from ralph_mail.errors import MailError
-from ralph_mail.settings import WATCH_SAFETY_POLL_S
+from ralph_mail.settings import WATCH_SAFETY_POLL_MAX_S, safety_poll
+from ralph_mail.store.flag import Either, Flag
 
 if TYPE_CHECKING:
     from mcp.server.context import ServerRequestContext
@@ -101,8 +103,8 @@ class InboxWatch:
 
     def __init__(self, box: Mailbox, push: bool) -> None:
         self.box, self.push = box, push
-        self._stop = threading.Event()
-        self._kick = threading.Event()  # look again now (a subscriber, the client ready)
+        self._stop = Flag()
+        self._kick = Flag()  # look again now (a subscriber, the client ready)
         self.listeners = _Listeners(self._kick)  # 2026-07-28 subscriptions/listen
         self._session: ServerSession | None = None  # a handshake-era subscriber's
         self._ready = False  # the handshake is done: events may be pushed
@@ -159,28 +161,32 @@ class InboxWatch:
                 self._kick.set()
                 with anyio.CancelScope(shield=True):  # the loop stays free for its last call
                     await anyio.to_thread.run_sync(thread.join)
+                self._stop.close()
+                self._kick.close()
 
     def _watch(self, token: anyio.lowlevel.EventLoopToken,
                out: MemoryObjectSendStream[SessionMessage]) -> None:  # fmt: skip
-        woken = _Either(self._stop, self._kick)
+        woken = Either(self._stop, self._kick)  # polled beside the doorbell: no slices
         try:
             waiter = self.box.bus.store.waiter([self.box.bus.agent])
         except MailError as exc:
             _say(f"new mail will not be announced: {exc}")
             return
+        quiet = time.monotonic()  # since the last news: the safety poll stretches
         try:
             while not self._stop.is_set():
                 self._kick.clear()
-                if not self._wanted():  # nobody to tell: wait for a subscriber
-                    self._kick.wait(WATCH_SAFETY_POLL_S)
+                if not self._wanted():  # nobody to tell: a subscriber or the stop kicks
+                    self._kick.wait(WATCH_SAFETY_POLL_MAX_S)
                     continue
                 try:
-                    self._look(token, out)
+                    if self._look(token, out):
+                        quiet = time.monotonic()
                 except MailError as exc:  # the store failing: say so, look again later
                     _say(f"could not look at the inbox: {exc}")
                 except (RuntimeError, anyio.BrokenResourceError, anyio.ClosedResourceError):
                     return  # the event loop or the client is gone
-                waiter.wait(WATCH_SAFETY_POLL_S, woken)
+                waiter.wait(safety_poll(time.monotonic() - quiet), woken)
         finally:
             waiter.close()
 
@@ -189,8 +195,9 @@ class InboxWatch:
         return (self.push and self._ready) or self._session is not None or bool(self.listeners.open)
 
     def _look(self, token: anyio.lowlevel.EventLoopToken,
-              out: MemoryObjectSendStream[SessionMessage]) -> None:  # fmt: skip
-        """Announce what is new since the last look; push what is to be pushed."""
+              out: MemoryObjectSendStream[SessionMessage]) -> bool:  # fmt: skip
+        """Announce what is new since the last look; push what is to be pushed. Whether
+        there was anything new."""
         pending, taken = self.box.look(self.push and self._ready)
         fresh = bool(pending - self._known)
         self._known = pending
@@ -206,7 +213,8 @@ class InboxWatch:
             if not ok:  # the client is gone: the rest stays unread too
                 for left, _ in taken[index + 1 :]:
                     self.box.pushed(left, False)
-                return
+                break
+        return fresh or bool(taken)
 
 
 async def _push(out: MemoryObjectSendStream[SessionMessage], message: Message, text: str) -> bool:
@@ -244,16 +252,6 @@ class _Listeners(InMemorySubscriptionBus):
             unsubscribe()
 
         return stop
-
-
-class _Either:
-    """Set when either event is: a wait ends on either."""
-
-    def __init__(self, one: threading.Event, other: threading.Event) -> None:
-        self._one, self._other = one, other
-
-    def is_set(self) -> bool:
-        return self._one.is_set() or self._other.is_set()
 
 
 def _say(text: str) -> None:

@@ -60,7 +60,7 @@ from ralph_mail.govern import presence, tasklog
 from ralph_mail.message import Message, MessageType, fit_text, parse_ts
 from ralph_mail.settings import WATCH_SAFETY_POLL_MAX_S, safety_poll
 from ralph_mail.store.base import StopEvent, Waiter
-from ralph_mail.store.flag import Flag, filenos_of
+from ralph_mail.store.flag import Either, Flag
 from ralph_mail.store.outage import patient
 
 #: What starts a run, by message type, and the pattern its child is told.
@@ -155,21 +155,6 @@ def _note(text: str) -> None:
     sys.stderr.write(f"ralph-mail: note: {line}\n")
 
 
-class _Either:
-    """Set when either event is (``stop`` may be None): a wait ends on either. When both
-    are flags (`Flag`), a waiter polls both and an idle runner sleeps until mail, its
-    safety poll or a lease to renew."""
-
-    def __init__(self, stop: StopEvent | None, other: Flag) -> None:
-        self._stop, self._other = stop, other
-        fds = () if stop is None else filenos_of(stop)
-        if fds is not None:
-            self.filenos = lambda: (*fds, *other.filenos())
-
-    def is_set(self) -> bool:
-        return self._other.is_set() or (self._stop is not None and self._stop.is_set())
-
-
 class Runner:
     """One agent answered by a command (see the module docstring).
 
@@ -246,7 +231,7 @@ class Runner:
         running: dict[Future[None], Message] = {}
         watching: tuple[tuple[str, ...], Waiter | None] = ((), None)
         finished = self._kick  # a job ended or took a lease: wakes the wait below
-        woken = _Either(stop, finished)
+        woken = Either(stop, finished)
         quiet = time.monotonic()  # since when nothing came: the safety poll stretches
         with ThreadPoolExecutor(self.jobs, thread_name_prefix="ralph-run") as pool:
             try:

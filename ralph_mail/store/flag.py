@@ -14,6 +14,10 @@ import contextlib
 import os
 import threading
 import weakref
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ralph_mail.store.base import StopEvent
 
 
 class Flag(threading.Event):
@@ -30,38 +34,55 @@ class Flag(threading.Event):
 
     def __init__(self) -> None:
         super().__init__()
-        self._read, self._write = os.pipe()
-        for fd in (self._read, self._write):
+        self._fds = list(os.pipe())  # [read, write]; -1 once closed
+        for fd in self._fds:
             os.set_blocking(fd, False)
-        self._closer = weakref.finalize(self, _close, self._read, self._write)
+        self._closer = weakref.finalize(self, _close, self._fds)
 
     def set(self) -> None:
         super().set()
-        with contextlib.suppress(BlockingIOError, OSError):  # full: readable already
-            os.write(self._write, b"!")
+        with contextlib.suppress(OSError):  # full (readable already), or closed
+            if self._fds[1] >= 0:
+                os.write(self._fds[1], b"!")
 
     def clear(self) -> None:
         # Empty the pipe first: a set() landing in between leaves a byte behind, which
         # wakes a wait for nothing (it looks, finds the flag clear, and waits again);
         # the other order could leave the flag set with the pipe empty.
-        with contextlib.suppress(BlockingIOError, OSError):
-            while os.read(self._read, 4096):
+        with contextlib.suppress(OSError):
+            while self._fds[0] >= 0 and os.read(self._fds[0], 4096):
                 pass
         super().clear()
 
     def filenos(self) -> tuple[int, ...]:
         """The descriptors a ``poll(2)`` watches for it: readable while it is set."""
-        return (self._read,)
+        return (self._fds[0],) if self._fds[0] >= 0 else ()
 
     def close(self) -> None:
-        """Release the pipe (also done when the flag is collected)."""
+        """Release the pipe (also done when the flag is collected); a closed flag still
+        sets and clears, only no poll can watch it."""
         self._closer()
 
 
-def _close(*fds: int) -> None:
+def _close(fds: list[int]) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
             os.close(fd)
+    fds[:] = [-1, -1]
+
+
+class Either:
+    """Set when either event is (``one`` may be None): a wait ends on either. When both
+    offer descriptors (`Flag`), so does it: a waiter polls them all."""
+
+    def __init__(self, one: StopEvent | None, other: Flag) -> None:
+        self._one, self._other = one, other
+        fds = () if one is None else filenos_of(one)
+        if fds is not None:
+            self.filenos = lambda: (*fds, *other.filenos())
+
+    def is_set(self) -> bool:
+        return self._other.is_set() or (self._one is not None and self._one.is_set())
 
 
 def filenos_of(event: object) -> tuple[int, ...] | None:

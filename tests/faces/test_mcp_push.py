@@ -306,3 +306,44 @@ def test_a_message_whose_event_was_not_written_stays_unread(team: Team, home: Pa
     finally:
         box.close()
     lead.close()
+
+
+def _children_running(module: str) -> list[int]:
+    """The pids of this process's children whose command line holds ``module``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                parent = int(f.read().rsplit(b")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == os.getpid() and module.encode() in command:
+            found.append(int(entry))
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts wake-ups in /proc")
+def test_an_idle_pushing_server_is_not_woken_to_look_at_its_stop(team: Team, home: Path) -> None:
+    """A server watching its inbox for push sleeps until mail or its safety poll (1 s,
+    then 5 s): its stop and kick flags are polled beside the doorbell, not looked at in
+    slices. Counted as the times its threads were woken (/proc), not timed."""
+    from bench.hive import counters
+
+    async def main() -> None:
+        async with session(server(home, "--push")) as (client, events):
+            await subscribe(client)
+            assert text(await client.call_tool("check_inbox", {})) == "No new messages."
+            (pid,) = _children_running("ralph_mail")
+            before = counters([pid])[pid].wakeups
+            await anyio.sleep(3.0)  # the window counted, not a synchronisation
+            woke = counters([pid])[pid].wakeups - before
+            assert woke <= 8, woke  # looking at its stop in slices woke it about 15 times
+            MessageBus("demo", "lead", home).send("worker-1", MessageType.TEXT, "still there?")
+            event = await next_event(events)
+            assert isinstance(event, ResourceUpdatedNotification | Channel), event
+
+    anyio.run(main)
