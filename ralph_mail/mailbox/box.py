@@ -111,6 +111,7 @@ class Mailbox(Consuming):
         self._team = load_team(team, home, backend=backend)
         self._team.member(agent)
         self._members = frozenset(self._team.names)
+        self._roster = b""  # the roster bytes self._team was last parsed from
         self._pairs: dict[tuple[str, str], str] = {}  # (sender, recipient): their index
         self._store = self._team.store
         self._store.durable = settings.durable(durable)
@@ -159,11 +160,13 @@ class Mailbox(Consuming):
         return self._store.durable
 
     def refresh_team(self) -> Team:
-        """Reload the roster from the store."""
-        self._team = parse_roster(
-            self._store.roster(), self._team.home, self._team.name, self._store
-        )
-        self._members = frozenset(self._team.names)
+        """Reload the roster from the store (parsed again only when it changed: a
+        broadcast to a thousand members looks at it twice)."""
+        raw = self._store.roster()
+        if raw != self._roster:
+            self._team = parse_roster(raw, self._team.home, self._team.name, self._store)
+            self._members = frozenset(self._team.names)
+            self._roster = raw
         return self._team
 
     def me(self) -> Member:

@@ -39,6 +39,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from ralph_mail.errors import LockTimeout, StoreError
 from ralph_mail.message import format_ts, last_ts
@@ -116,7 +117,6 @@ class InboxLog:
         self.dirs = dirs
         self.agent = agent
         self.where, self.name = log_place(agent)
-        self.path = dirs.path(self.where, self.name)
         self._dead_letter = dead_letter
         self._pid = my_pid()
         self._writer = -1
@@ -128,6 +128,12 @@ class InboxLog:
         # flock excludes other processes, not the threads of this one: they share the
         # writer's open file description, so one thread's LOCK_UN would free another's.
         self._appending = threading.Lock()
+
+    @property
+    def path(self) -> Path:
+        """The inbox's path, for messages (made when asked: a broadcast to a thousand
+        members opens a log each and joins no path)."""
+        return self.dirs.path(self.where, self.name)
 
     # -- opening -------------------------------------------------------------------------
 
