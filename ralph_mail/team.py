@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -97,11 +98,15 @@ class Team:
         """The member names, in roster order."""
         return tuple(member.name for member in self.members)
 
+    @cached_property
+    def _by_name(self) -> dict[str, Member]:
+        return {member.name: member for member in self.members}
+
     def member(self, name: str) -> Member:
         """The member called ``name``; `UnknownAgent` naming the members otherwise."""
-        for member in self.members:
-            if member.name == name:
-                return member
+        found = self._by_name.get(name)
+        if found is not None:
+            return found
         raise UnknownAgent(
             f"unknown agent {name!r} in team {self.name!r} (members: {', '.join(self.names)})"
         )
