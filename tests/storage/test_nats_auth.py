@@ -1,0 +1,260 @@
+"""The NATS server enforces the team's policy (``ralph-mail nats config``): a real
+nats-server started with the authorization block the command writes, each agent
+connecting with its own credentials (``RALPH_NATS_CREDS``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+from tests.helpers.processes import BOUND_S, ralph
+
+pytest.importorskip("nats")
+
+TEAM = "sealed"
+#: The team's inbox subjects: ``ralph.<team in hex>.in.<agent>``.
+PREFIX = f"ralph.{TEAM.encode().hex()}"
+
+
+class Secured(NamedTuple):
+    home: Path
+    url: str
+    creds: Path  # the folder of the agents' credentials files
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _serve(conf: Path, port: int) -> subprocess.Popen[bytes]:
+    """``nats-server -c conf``, once it accepts connections."""
+    binary = shutil.which("nats-server") or str(Path(sys.executable).with_name("nats-server"))
+    server = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + BOUND_S
+    while True:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return server
+        assert server.poll() is None, "nats-server exited"
+        assert time.monotonic() < deadline, "nats-server did not start"
+        time.sleep(0.02)
+
+
+def _stop(server: subprocess.Popen[bytes]) -> None:
+    server.terminate()
+    server.wait(timeout=BOUND_S)
+
+
+def _ok(done: subprocess.CompletedProcess[bytes]) -> str:
+    assert done.returncode == 0, done.stderr.decode()
+    return done.stdout.decode()
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
+    """A team writer/archive/lead with ``deny writer archive`` and a channel of all,
+    made on an open server; then the server started again with the block that
+    ``ralph-mail nats config`` wrote included."""
+    root = tmp_path_factory.mktemp("natsauth")
+    home, port = root / "home", _free_port()
+    url = f"nats://127.0.0.1:{port}"
+    base = f'listen: "127.0.0.1:{port}"\njetstream {{ store_dir: "{root / "js"}" }}\n'
+    (root / "open.conf").write_text(base)
+    env = {"RALPH_BACKEND": url}
+    server = _serve(root / "open.conf", port)
+    try:
+        _ok(ralph(home, "team", "create", TEAM, "--member", "lead", "--member", "writer",
+                  "--member", "archive", **env))  # fmt: skip
+        as_lead = ("--team", TEAM, "--agent", "lead")
+        _ok(ralph(home, "policy", "deny", "writer", "archive", *as_lead, **env))
+        _ok(ralph(home, "channel", "create", "general", "--all", *as_lead, **env))
+        said = _ok(ralph(home, "nats", "config", *as_lead, **env))
+    finally:
+        _stop(server)
+    block = home / "nats" / f"{TEAM}.auth.conf"
+    assert f"wrote {block}" in said and "nats-server --signal reload=PID" in said
+    # (nats-server takes an include relative to the file that includes it)
+    (root / "server.conf").write_text(base + f'include "{block.relative_to(root)}"\n')
+    server = _serve(root / "server.conf", port)
+    try:
+        yield Secured(home, url, home / "nats" / "creds" / TEAM)
+    finally:
+        _stop(server)
+
+
+def as_agent(secured: Secured, agent: str, *args: str) -> subprocess.CompletedProcess[bytes]:
+    """``ralph-mail ARGS --team sealed --agent AGENT`` with the agent's own credentials."""
+    return ralph(secured.home, *args, "--team", TEAM, "--agent", agent,
+                 RALPH_BACKEND=secured.url,
+                 RALPH_NATS_CREDS=str(secured.creds / f"{agent}.creds"))  # fmt: skip
+
+
+def test_the_credentials_are_the_agents_own_and_private(secured: Secured) -> None:
+    for agent in ("lead", "writer", "archive"):
+        path = secured.creds / f"{agent}.creds"
+        assert path.stat().st_mode & 0o777 == 0o600
+        assert json.loads(path.read_text())["user"] == f"{agent}@{TEAM}"
+    block = (secured.home / "nats" / f"{TEAM}.auth.conf").stat()
+    assert block.st_mode & 0o777 == 0o600
+
+
+def _raw(secured: Secured, agent: str) -> dict[str, object]:
+    """As a raw nats-py client holding ``agent``'s credentials: a publish into archive's
+    inbox, a JetStream publish into lead's, a subscription to archive's inbox; what
+    the server said of each."""
+    import nats
+
+    login = json.loads((secured.creds / f"{agent}.creds").read_text())
+
+    async def run() -> dict[str, object]:
+        errors: list[str] = []
+        heard = asyncio.Event()
+
+        async def on_error(exc: Exception) -> None:
+            errors.append(str(exc))
+            heard.set()
+
+        nc = await nats.connect(secured.url, user=login["user"], password=login["password"],
+                                error_cb=on_error, allow_reconnect=False)  # fmt: skip
+        try:
+            js = nc.jetstream(timeout=BOUND_S)
+            await nc.publish(f"{PREFIX}.in.archive", b"sneaked in")
+            await nc.flush(timeout=BOUND_S)
+            await asyncio.wait_for(heard.wait(), BOUND_S)
+            refused_pub = list(errors)
+            heard.clear()
+            ack = await js.publish(f"{PREFIX}.in.writer", b"raw, into my own inbox")
+            await nc.subscribe(f"{PREFIX}.in.archive")
+            await nc.flush(timeout=BOUND_S)
+            await asyncio.wait_for(heard.wait(), BOUND_S)
+            return {"publish": refused_pub, "ack": ack.seq, "subscribe": errors[len(refused_pub):]}
+        finally:
+            await nc.close()
+
+    return asyncio.run(run())
+
+
+def test_the_server_refuses_a_raw_publish_into_a_denied_inbox(secured: Secured) -> None:
+    """writer's credentials cannot put anything into archive's inbox, nor listen to
+    it; its own inbox (and what the policy allows) takes a JetStream publish."""
+    said = _raw(secured, "writer")
+    assert any("permissions violation for publish" in e.lower() and ".in.archive" in e
+               for e in said["publish"])  # type: ignore[union-attr]  # fmt: skip
+    assert isinstance(said["ack"], int) and said["ack"] > 0
+    assert any("permissions violation for subscription" in e.lower()
+               for e in said["subscribe"])  # type: ignore[union-attr]  # fmt: skip
+    shown = _ok(as_agent(secured, "archive", "tail", "archive", "-n", "5"))
+    assert "sneaked in" not in shown
+    # The raw line in writer's inbox: writer may not remove it (no member may remove a
+    # message of the stream); the lead sets it aside by reading it.
+    jammed = as_agent(secured, "writer", "read")
+    assert jammed.returncode == 4 and b"ralph-mail tail writer --agent LEAD" in jammed.stderr
+    _ok(as_agent(secured, "lead", "tail", "writer"))
+    assert "raw, into my own inbox" not in _ok(as_agent(secured, "writer", "read"))
+
+
+def test_ralph_mail_refuses_first_with_exit_4(secured: Secured) -> None:
+    done = as_agent(secured, "writer", "send", "archive", "hi")
+    assert done.returncode == 4
+    assert b"writer may not contact archive" in done.stderr
+    assert b"Traceback" not in done.stderr
+
+
+def test_a_team_works_under_its_agents_own_credentials(secured: Secured) -> None:
+    """Sends, reads (cursor commits), presence, channels, an ask answered, as each
+    agent with its own user: the permissions are not so tight they break the store."""
+    sent = _ok(as_agent(secured, "writer", "send", "lead", "draft ready")).strip()
+    shown = _ok(as_agent(secured, "lead", "read"))
+    assert "draft ready" in shown and sent in shown
+    assert "draft ready" not in _ok(as_agent(secured, "lead", "read"))  # committed
+    _ok(as_agent(secured, "lead", "reply", sent, "thanks"))
+    assert "thanks" in _ok(as_agent(secured, "writer", "read"))
+    _ok(as_agent(secured, "archive", "send", "writer", "filed it"))
+    assert "filed it" in _ok(as_agent(secured, "writer", "read"))
+    for agent in ("writer", "archive"):
+        _ok(as_agent(secured, agent, "presence", "working"))
+    assert "working" in _ok(as_agent(secured, "lead", "presence"))
+    _ok(as_agent(secured, "writer", "channel", "post", "general", "standup: on the draft"))
+    assert "on the draft" in _ok(as_agent(secured, "archive", "channel", "read", "general"))
+    asking = subprocess.Popen(
+        [sys.executable, "-m", "ralph_mail", "ask", "writer", "how far?", "--timeout", "50",
+         "--team", TEAM, "--agent", "lead"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=_env(secured, "lead"),
+    )  # fmt: skip
+    try:
+        waited = _ok(as_agent(secured, "writer", "wait", "--timeout", "50", "--json"))
+        question = json.loads(waited.splitlines()[0])
+        assert question["content"] == "how far?"
+        _ok(as_agent(secured, "writer", "reply", question["id"], "half way"))
+        out, err = asking.communicate(timeout=BOUND_S)
+    finally:
+        if asking.poll() is None:
+            asking.kill()
+            asking.communicate(timeout=BOUND_S)
+    assert asking.returncode == 0, err.decode()
+    assert b"half way" in out
+
+
+def _env(secured: Secured, agent: str) -> dict[str, str]:
+    from tests.helpers.processes import cli_env
+
+    return cli_env(secured.home, RALPH_BACKEND=secured.url,
+                   RALPH_NATS_CREDS=str(secured.creds / f"{agent}.creds"))  # fmt: skip
+
+
+def test_what_the_server_leaves_to_no_one(secured: Secured) -> None:
+    """What is no member's but the lead's: the policy (archive may not rewrite it), and
+    an answer into an inbox the policy denies (archive asks writer, which may not
+    contact archive: its reply is refused by the server, exit 4, one line)."""
+    done = as_agent(secured, "archive", "policy", "allow", "writer", "archive")
+    assert done.returncode == 4 and b"Traceback" not in done.stderr
+    asked = _ok(as_agent(secured, "archive", "send", "writer", "which file?")).strip()
+    assert "which file?" in _ok(as_agent(secured, "writer", "read"))
+    done = as_agent(secured, "writer", "reply", asked, "the big one")
+    assert done.returncode == 4, done.stderr.decode()
+    assert b"Permissions Violation" in done.stderr and b"nats config" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and b"Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("case", ["missing", "garbled", "wrong password"])
+def test_credentials_that_do_not_log_in_are_one_line_and_exit_2(
+    secured: Secured, tmp_path: Path, case: str
+) -> None:
+    creds = tmp_path / "writer.creds"
+    if case == "garbled":
+        creds.write_text("user=writer\n")
+    elif case == "wrong password":
+        creds.write_text(json.dumps({"user": f"writer@{TEAM}", "password": "guess"}))
+    done = ralph(secured.home, "read", "--team", TEAM, "--agent", "writer",
+                 RALPH_BACKEND=secured.url, RALPH_NATS_CREDS=str(creds))  # fmt: skip
+    assert done.returncode == 2
+    lines = done.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in lines[0]
+    expected = "refused the login" if case == "wrong password" else "RALPH_NATS_CREDS="
+    assert expected in lines[0]
+
+
+def test_writing_it_again_keeps_the_passwords(secured: Secured) -> None:
+    """After a policy change the block is written again: every agent's password stays
+    (its credentials file goes on working), its permissions follow the policy."""
+    before = (secured.creds / "writer.creds").read_bytes()
+    out = secured.home / "again.conf"
+    _ok(as_agent(secured, "lead", "nats", "config", "--out", str(out)))
+    assert (secured.creds / "writer.creds").read_bytes() == before
+    assert json.loads(before)["password"] in out.read_text()
+    refused = as_agent(secured, "writer", "nats", "config", "--out", str(out))
+    assert refused.returncode == 4  # the lead's act
