@@ -24,13 +24,17 @@ app.add_group(nats_app, "nats")
 def nats_config(
     out: Annotated[
         str | None,
-        Option("--out", help="Where to write the block [default: HOME/nats/TEAM.auth.conf].",
-               metavar="FILE"),  # fmt: skip
+        Option(
+            "--out", help="Where to write it [default: HOME/nats/TEAM.auth.conf].", metavar="FILE"
+        ),
     ] = None,
     answers: Annotated[
         bool,
-        Option("--answers", help="Also let each agent write to the inboxes of those that "
-               "may contact it, so its replies reach them (a deny then holds one way)."),  # fmt: skip
+        Option(
+            "--answers",
+            help="Also let each agent write into the inboxes of those that "
+            "may contact it: its replies reach them (a deny then holds one way).",
+        ),
     ] = False,
     home: Home = None,
     team: TeamName = None,
@@ -57,8 +61,10 @@ def nats_config(
         place = backend(settings.home(home), settings.backend())
         write = getattr(place, "write_authorization", None)
         if write is None:
-            raise MailError("'nats config' writes a NATS server's permissions: use it with a "
-                            "NATS backend (--backend nats://HOST:PORT or RALPH_BACKEND)")  # fmt: skip
+            raise MailError(
+                "'nats config' writes a NATS server's permissions: use it on a NATS "
+                "backend (--backend nats://HOST:PORT or RALPH_BACKEND)"
+            )
         bus = identity(home, team, agent).lead("writing the NATS server's permissions")
         try:
             roster = bus.refresh_team()

@@ -111,36 +111,36 @@ def test_the_credentials_are_the_agents_own_and_private(secured: Secured) -> Non
     assert block.st_mode & 0o777 == 0o600
 
 
-def _raw(secured: Secured, agent: str) -> dict[str, object]:
-    """As a raw nats-py client holding ``agent``'s credentials: a publish into archive's
-    inbox, a JetStream publish into lead's, a subscription to archive's inbox; what
-    the server said of each."""
+def _raw(
+    secured: Secured, agent: str, refused: list[str], listen: str = "", stored: str = ""
+) -> tuple[list[str], int]:
+    """As a raw nats-py client holding ``agent``'s credentials: a publish to each of
+    ``refused``, a subscription to ``listen``, a JetStream publish to ``stored``; what
+    the server said of the first two (one error each, in order), and the last's ack."""
     import nats
 
     login = json.loads((secured.creds / f"{agent}.creds").read_text())
 
-    async def run() -> dict[str, object]:
-        errors: list[str] = []
-        heard = asyncio.Event()
+    async def run() -> tuple[list[str], int]:
+        errors: asyncio.Queue[str] = asyncio.Queue()
 
         async def on_error(exc: Exception) -> None:
-            errors.append(str(exc))
-            heard.set()
+            errors.put_nowait(str(exc).lower())
 
         nc = await nats.connect(secured.url, user=login["user"], password=login["password"],
                                 error_cb=on_error, allow_reconnect=False)  # fmt: skip
+        said = []
         try:
-            js = nc.jetstream(timeout=BOUND_S)
-            await nc.publish(f"{PREFIX}.in.archive", b"sneaked in")
-            await nc.flush(timeout=BOUND_S)
-            await asyncio.wait_for(heard.wait(), BOUND_S)
-            refused_pub = list(errors)
-            heard.clear()
-            ack = await js.publish(f"{PREFIX}.in.writer", b"raw, into my own inbox")
-            await nc.subscribe(f"{PREFIX}.in.archive")
-            await nc.flush(timeout=BOUND_S)
-            await asyncio.wait_for(heard.wait(), BOUND_S)
-            return {"publish": refused_pub, "ack": ack.seq, "subscribe": errors[len(refused_pub):]}
+            for subject in refused:
+                await nc.publish(subject, b"sneaked in")
+                said.append(await asyncio.wait_for(errors.get(), BOUND_S))
+            if listen:
+                await nc.subscribe(listen)
+                said.append(await asyncio.wait_for(errors.get(), BOUND_S))
+            seq = 0
+            if stored:
+                seq = (await nc.jetstream(timeout=BOUND_S).publish(stored, b"raw line")).seq
+            return said, seq
         finally:
             await nc.close()
 
@@ -150,12 +150,12 @@ def _raw(secured: Secured, agent: str) -> dict[str, object]:
 def test_the_server_refuses_a_raw_publish_into_a_denied_inbox(secured: Secured) -> None:
     """writer's credentials cannot put anything into archive's inbox, nor listen to
     it; its own inbox (and what the policy allows) takes a JetStream publish."""
-    said = _raw(secured, "writer")
-    assert any("permissions violation for publish" in e.lower() and ".in.archive" in e
-               for e in said["publish"])  # type: ignore[union-attr]  # fmt: skip
-    assert isinstance(said["ack"], int) and said["ack"] > 0
-    assert any("permissions violation for subscription" in e.lower()
-               for e in said["subscribe"])  # type: ignore[union-attr]  # fmt: skip
+    said, seq = _raw(secured, "writer", [f"{PREFIX}.in.archive"], f"{PREFIX}.in.archive",
+                     f"{PREFIX}.in.writer")  # fmt: skip
+    assert said[0].startswith("nats: permissions violation for publish")
+    assert f'"{PREFIX}.in.archive"' in said[0]
+    assert said[1].startswith("nats: permissions violation for subscription")
+    assert seq > 0
     shown = _ok(as_agent(secured, "archive", "tail", "archive", "-n", "5"))
     assert "sneaked in" not in shown
     # The raw line in writer's inbox: writer may not remove it (no member may remove a
@@ -163,7 +163,21 @@ def test_the_server_refuses_a_raw_publish_into_a_denied_inbox(secured: Secured) 
     jammed = as_agent(secured, "writer", "read")
     assert jammed.returncode == 4 and b"ralph-mail tail writer --agent LEAD" in jammed.stderr
     _ok(as_agent(secured, "lead", "tail", "writer"))
-    assert "raw, into my own inbox" not in _ok(as_agent(secured, "writer", "read"))
+    assert "raw line" not in _ok(as_agent(secured, "writer", "read"))
+
+
+def test_a_member_may_not_rewrite_what_is_not_its_own(secured: Secured) -> None:
+    """The policy, another member's cursor, claim, presence or commit times, a team's
+    stream: refused by the server to archive's raw client."""
+    kv, stream = f"$KV.RALPH_{TEAM.encode().hex()}", f"RALPH_{TEAM.encode().hex()}"
+    subjects = [f"{kv}.state.policy", f"{kv}.cursor.writer", f"{kv}.claim.writer",
+                f"{kv}.presence.writer", f"{PREFIX}.ct.writer",
+                f"$JS.API.STREAM.PURGE.{stream}", f"$JS.API.STREAM.DELETE.{stream}",
+                f"$JS.API.STREAM.MSG.DELETE.{stream}", f"$JS.API.CONSUMER.DURABLE.CREATE."
+                f"{stream}.mine"]  # fmt: skip
+    said, _ = _raw(secured, "archive", subjects)
+    for subject, error in zip(subjects, said, strict=True):
+        assert error == f'nats: permissions violation for publish to "{subject.lower()}"'
 
 
 def test_ralph_mail_refuses_first_with_exit_4(secured: Secured) -> None:
@@ -216,12 +230,10 @@ def _env(secured: Secured, agent: str) -> dict[str, str]:
                    RALPH_NATS_CREDS=str(secured.creds / f"{agent}.creds"))  # fmt: skip
 
 
-def test_what_the_server_leaves_to_no_one(secured: Secured) -> None:
-    """What is no member's but the lead's: the policy (archive may not rewrite it), and
-    an answer into an inbox the policy denies (archive asks writer, which may not
-    contact archive: its reply is refused by the server, exit 4, one line)."""
-    done = as_agent(secured, "archive", "policy", "allow", "writer", "archive")
-    assert done.returncode == 4 and b"Traceback" not in done.stderr
+def test_an_answer_into_a_denied_inbox_is_refused_by_the_server(secured: Secured) -> None:
+    """An answer into an inbox the policy denies: archive asks writer, which may not
+    contact archive; its reply is refused by the server (without --answers), exit 4,
+    one line."""
     asked = _ok(as_agent(secured, "archive", "send", "writer", "which file?")).strip()
     assert "which file?" in _ok(as_agent(secured, "writer", "read"))
     done = as_agent(secured, "writer", "reply", asked, "the big one")
@@ -258,3 +270,24 @@ def test_writing_it_again_keeps_the_passwords(secured: Secured) -> None:
     assert json.loads(before)["password"] in out.read_text()
     refused = as_agent(secured, "writer", "nats", "config", "--out", str(out))
     assert refused.returncode == 4  # the lead's act
+
+
+def test_reach_follows_the_policy_the_managers_and_the_answers(tmp_path: Path) -> None:
+    """Whose inboxes each agent may write to: itself and whom the policy lets it
+    contact; a manager also whom its reports may reach (it releases what it approves);
+    with ``answers``, also whoever may contact it."""
+    from ralph_mail.govern.policy import Policy as Rules
+    from ralph_mail.govern.policy import Rule, reach
+    from ralph_mail.team import change_roster, create_team, load_team
+
+    team = create_team("r", ["lead", "boss", "writer", "archive"], tmp_path / "home")
+    change_roster(team, member="writer", manager="boss")
+    team = load_team("r", tmp_path / "home")
+    rules = Rules((Rule("writer", "archive", "deny"), Rule("boss", "archive", "deny"),
+                   Rule("archive", "*", "deny")))  # fmt: skip
+    found = reach(rules, team)
+    assert found["writer"] == {"writer", "lead", "boss"}
+    assert found["boss"] == {"boss", "lead", "writer"}
+    assert found["archive"] == {"archive"}
+    assert reach(rules, team, answers=True)["archive"] == {"archive", "lead"}
+    assert reach(rules, team, answers=True)["writer"] == {"writer", "lead", "boss"}

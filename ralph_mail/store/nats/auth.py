@@ -161,10 +161,9 @@ def write_authorization(
              "after every policy or membership change, then the server reloaded\n"
              f"authorization {{\n  users = {json.dumps(users, indent=2)}\n}}\n")  # fmt: skip
     try:
-        for user in users:
-            agent = str(user["user"]).rpartition("@")[0]
-            record = {"user": user["user"], "password": user["password"]}
-            _write(written[agent], json.dumps(record).encode() + b"\n")
+        for entry in users:
+            record = {"user": entry["user"], "password": entry["password"]}
+            _write(written[str(entry["user"]).rpartition("@")[0]], json.dumps(record).encode())
         _write(where, block.encode())
     except OSError as exc:
         raise StoreError(f"cannot write {exc.filename or where}: {exc.strerror or exc}",

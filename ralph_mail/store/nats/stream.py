@@ -176,8 +176,10 @@ class TeamStream:
         except (NeverReached, Refused) as exc:
             raise StoreError(str(exc)) from None  # (it names the server and the fix)
         except Forbidden as exc:
-            raise PermissionDenied(f"{exc}: this user's permissions on the server (written "
-                                   "by 'ralph-mail nats config') do not allow it") from None
+            raise PermissionDenied(
+                f"{exc}: this user's permissions on the server (written "
+                "by 'ralph-mail nats config') do not allow it"
+            ) from None
         except WireError as exc:
             raise StoreError(f"NATS {self.shown}: {exc}") from None
         except TimeoutError:
