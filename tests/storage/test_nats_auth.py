@@ -291,3 +291,22 @@ def test_reach_follows_the_policy_the_managers_and_the_answers(tmp_path: Path) -
     assert found["archive"] == {"archive"}
     assert reach(rules, team, answers=True)["archive"] == {"archive", "lead"}
     assert reach(rules, team, answers=True)["writer"] == {"writer", "lead", "boss"}
+
+
+def test_the_bucket_watch_runs_under_a_members_credentials(secured: Secured) -> None:
+    """nats-py's connection (the bucket's watch: an ephemeral consumer pushed to an
+    inbox) logs in with the same credentials and is let do what it needs."""
+    code = (
+        "import sys, time\n"
+        "from ralph_mail.bus import MessageBus\n"
+        f"bus = MessageBus({TEAM!r}, 'writer')\n"
+        "deadline = time.monotonic() + 50\n"
+        "while bus.store._keys is None and time.monotonic() < deadline:\n"
+        "    bus.store.load_presence('lead')\n"
+        "    time.sleep(0.05)\n"
+        "print('watched' if bus.store._keys is not None else 'not watched')\n"
+        "bus.close()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                          env=_env(secured, "writer"), timeout=BOUND_S)  # fmt: skip
+    assert done.stdout.decode().strip() == "watched", done.stderr.decode()
