@@ -310,3 +310,25 @@ def test_the_bucket_watch_runs_under_a_members_credentials(secured: Secured) -> 
     done = subprocess.run([sys.executable, "-c", code], capture_output=True,
                           env=_env(secured, "writer"), timeout=BOUND_S)  # fmt: skip
     assert done.stdout.decode().strip() == "watched", done.stderr.decode()
+
+
+def test_a_member_makes_no_durable_consumer(secured: Secured) -> None:
+    """The consumer API a member may use makes ephemeral consumers only: one asked for
+    with a durable name is refused by the server (it would outlive its maker)."""
+    import nats
+
+    login = json.loads((secured.creds / "archive.creds").read_text())
+    stream = f"RALPH_{TEAM.encode().hex()}"
+    config = {"durable_name": "mine", "ack_policy": "none", "filter_subject": f"{PREFIX}.>"}
+
+    async def run() -> dict[str, object]:
+        nc = await nats.connect(secured.url, user=login["user"], password=login["password"])
+        try:
+            request = json.dumps({"stream_name": stream, "config": config}).encode()
+            answer = await nc.request(f"$JS.API.CONSUMER.CREATE.{stream}", request, BOUND_S)
+            return dict(json.loads(answer.data))
+        finally:
+            await nc.close()
+
+    error = asyncio.run(run()).get("error")
+    assert isinstance(error, dict) and error["err_code"] == 10020  # (ephemeral expected)

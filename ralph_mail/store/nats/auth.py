@@ -121,9 +121,11 @@ def agent_permissions(
     publish += [f"{api}.INFO", f"{api}.STREAM.NAMES", f"{api}.STREAM.INFO.{stream}",
                 f"{api}.STREAM.INFO.KV_{stream}", f"{api}.STREAM.MSG.GET.KV_{stream}",
                 f"{api}.DIRECT.GET.{stream}", f"{api}.DIRECT.GET.{stream}.>"]  # fmt: skip
-    for name in (stream, f"KV_{stream}"):  # ephemeral consumers only: made, pulled, deleted
-        publish += [f"{api}.CONSUMER.CREATE.{name}", f"{api}.CONSUMER.MSG.NEXT.{name}.*",
-                    f"{api}.CONSUMER.DELETE.{name}.*"]  # fmt: skip
+    # Ephemeral consumers only (the subject without a name refuses a durable one): a
+    # waiter's of the stream, pulled; the bucket's watch, pushed to an inbox.
+    publish += [f"{api}.CONSUMER.CREATE.{stream}", f"{api}.CONSUMER.MSG.NEXT.{stream}.*",
+                f"{api}.CONSUMER.DELETE.{stream}.*", f"{api}.CONSUMER.CREATE.KV_{stream}",
+                f"{api}.CONSUMER.DELETE.KV_{stream}.*"]  # fmt: skip
     return {
         "publish": {"allow": publish, "deny": [f"{kv}.state.{kv_key('policy')}"]},
         "subscribe": {"allow": ["_INBOX.>", f"{prefix}.in.{token(agent)}"]},
