@@ -332,3 +332,21 @@ def test_a_member_makes_no_durable_consumer(secured: Secured) -> None:
 
     error = asyncio.run(run()).get("error")
     assert isinstance(error, dict) and error["err_code"] == 10020  # (ephemeral expected)
+
+
+def test_a_member_creates_no_team(secured: Secured) -> None:
+    """Creating a team (nats-py's requests: refused, unanswered) is the lead's user's:
+    a member's is one line, exit 4, once the request's bound passed."""
+    done = ralph(secured.home, "team", "create", "other", "--member", "writer",
+                 RALPH_BACKEND=secured.url, RALPH_NATS_TIMEOUT_S="1",
+                 RALPH_NATS_CREDS=str(secured.creds / "writer.creds"))  # fmt: skip
+    assert done.returncode == 4, done.stderr.decode()
+    lines = done.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and "permissions violation" in lines[0].lower()
+
+
+def test_nats_config_needs_a_nats_backend(tmp_path: Path) -> None:
+    done = ralph(tmp_path / "home", "nats", "config", "--team", "t", "--agent", "lead",
+                 RALPH_BACKEND="")  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.decode().count("\n") == 1 and b"NATS backend" in done.stderr

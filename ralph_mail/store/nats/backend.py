@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from ralph_mail.errors import MailError, StoreError
+from ralph_mail.errors import MailError, PermissionDenied, StoreError
 from ralph_mail.store.health import Finding
 from ralph_mail.store.nats.auth import login, write_authorization
 from ralph_mail.store.nats.doctor import team_findings
@@ -76,6 +76,12 @@ class NatsBackend:
             raise
         except Exception as exc:
             why = str(exc) or exc.__class__.__name__
+            if link.refused:  # (the request went unanswered: the server dropped it)
+                why, link.refused = link.refused, ""
+                raise PermissionDenied(
+                    f"NATS {redacted(self.url)}: {why}: this user's permissions on the server "
+                    "(written by 'ralph-mail nats config') do not allow it: the lead's do"
+                ) from None
             raise StoreError(f"NATS {redacted(self.url)}: {why}") from None
 
     def create_team(self, name: str, agents: list[str], roster: bytes) -> None:

@@ -41,14 +41,18 @@ class Loop:
         thread = threading.Thread(target=self.loop.run_forever, name="ralph-nats", daemon=True)
         thread.start()
 
-        async def quiet(_: Exception) -> None:
-            """Connection trouble surfaces in the call that meets it, not as log noise."""
+        async def quiet(exc: Exception) -> None:
+            """Connection trouble surfaces in the call that meets it, not as log noise;
+            a publish the server refused (this user's permissions) is kept for it."""
+            if "permissions violation" in str(exc).lower():
+                self.refused = str(exc)
 
         async def reconnected() -> None:
             for keys in list(self.pushed):  # a restarted server lost their consumers
                 self._restarts.add(restart := asyncio.ensure_future(keys.restart()))
                 restart.add_done_callback(self._restarts.discard)
 
+        self.refused = ""  # the last publish the server refused (see `quiet`)
         self.pushed: set[Keys] = set()  # the process's watches on this connection
         self._restarts: set[asyncio.Future[None]] = set()
         connecting = nats.connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.2,
