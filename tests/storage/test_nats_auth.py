@@ -5,8 +5,10 @@ connecting with its own credentials (``RALPH_NATS_CREDS``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -17,7 +19,7 @@ from typing import NamedTuple
 
 import pytest
 
-from tests.helpers.processes import BOUND_S, ralph
+from tests.helpers.processes import BOUND_S, ralph, wait_until
 
 pytest.importorskip("nats")
 
@@ -30,6 +32,7 @@ class Secured(NamedTuple):
     home: Path
     url: str
     creds: Path  # the folder of the agents' credentials files
+    server: subprocess.Popen[bytes]
 
 
 def _free_port() -> int:
@@ -63,12 +66,11 @@ def _ok(done: subprocess.CompletedProcess[bytes]) -> str:
     return done.stdout.decode()
 
 
-@pytest.fixture(scope="module")
-def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
+@contextlib.contextmanager
+def _secured_team(root: Path) -> Iterator[Secured]:
     """A team writer/archive/lead with ``deny writer archive`` and a channel of all,
     made on an open server; then the server started again with the block that
     ``ralph-mail nats config`` wrote included."""
-    root = tmp_path_factory.mktemp("natsauth")
     home, port = root / "home", _free_port()
     url = f"nats://127.0.0.1:{port}"
     base = f'listen: "127.0.0.1:{port}"\njetstream {{ store_dir: "{root / "js"}" }}\n'
@@ -90,9 +92,15 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     (root / "server.conf").write_text(base + f'include "{block.relative_to(root)}"\n')
     server = _serve(root / "server.conf", port)
     try:
-        yield Secured(home, url, home / "nats" / "creds" / TEAM)
+        yield Secured(home, url, home / "nats" / "creds" / TEAM, server)
     finally:
         _stop(server)
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
+    with _secured_team(tmp_path_factory.mktemp("natsauth")) as team:
+        yield team
 
 
 def as_agent(secured: Secured, agent: str, *args: str) -> subprocess.CompletedProcess[bytes]:
@@ -268,8 +276,19 @@ def test_writing_it_again_keeps_the_passwords(secured: Secured) -> None:
     _ok(as_agent(secured, "lead", "nats", "config", "--out", str(out)))
     assert (secured.creds / "writer.creds").read_bytes() == before
     assert json.loads(before)["password"] in out.read_text()
+    assert f"{PREFIX}.in.archive" not in _allowed(out, "writer")
+    _ok(as_agent(secured, "lead", "nats", "config", "--out", str(out), "--answers"))
+    assert f"{PREFIX}.in.archive" in _allowed(out, "writer")  # (archive may contact it)
     refused = as_agent(secured, "writer", "nats", "config", "--out", str(out))
     assert refused.returncode == 4  # the lead's act
+
+
+def _allowed(block: Path, agent: str) -> list[str]:
+    """What ``agent`` may publish to, as the block says."""
+    text = block.read_text()
+    users = json.loads(text[text.index("users = ") + len("users = ") : text.rindex("}")])
+    found = next(u for u in users if u["user"] == f"{agent}@{TEAM}")
+    return list(found["permissions"]["publish"]["allow"])
 
 
 def test_reach_follows_the_policy_the_managers_and_the_answers(tmp_path: Path) -> None:
@@ -350,3 +369,25 @@ def test_nats_config_needs_a_nats_backend(tmp_path: Path) -> None:
                  RALPH_BACKEND="")  # fmt: skip
     assert done.returncode == 2
     assert done.stderr.decode().count("\n") == 1 and b"NATS backend" in done.stderr
+
+
+def test_a_policy_change_holds_on_the_server_once_written_and_reloaded(tmp_path: Path) -> None:
+    """The documented steps: change the policy, write the block again, reload the
+    server (SIGHUP): writer's send to archive, refused by the server's permissions
+    before (exit 4, though the Gate lets it through), is stored after."""
+    with _secured_team(tmp_path) as team:
+        _ok(as_agent(team, "lead", "policy", "remove", "writer", "archive"))
+        before = as_agent(team, "writer", "send", "archive", "hi")
+        assert before.returncode == 4 and b"Permissions Violation" in before.stderr
+        _ok(as_agent(team, "lead", "nats", "config"))
+        team.server.send_signal(signal.SIGHUP)
+        sent: list[str] = []
+
+        def delivered() -> bool:
+            done = as_agent(team, "writer", "send", "archive", "hi")
+            assert done.returncode in (0, 4), done.stderr.decode()  # (4: not yet reloaded)
+            sent.extend([done.stdout.decode().strip()] if done.returncode == 0 else [])
+            return bool(sent)
+
+        wait_until(delivered, "the server to reload its permissions")
+        assert sent[0] in _ok(as_agent(team, "archive", "read"))
