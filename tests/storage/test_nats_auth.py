@@ -391,3 +391,29 @@ def test_a_policy_change_holds_on_the_server_once_written_and_reloaded(tmp_path:
 
         wait_until(delivered, "the server to reload its permissions")
         assert sent[0] in _ok(as_agent(team, "archive", "read"))
+
+
+def test_a_responder_answers_asks_and_tasks_under_its_own_credentials(secured: Secured) -> None:
+    """``ralph-mail run`` as writer (its claim, cursor, presence, waits, replies and
+    task results, all as writer's user) answers the lead's ask and delegation."""
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "ralph_mail", "run", "--team", TEAM, "--agent", "writer",
+         "--", "tr", "a-z", "A-Z"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env(secured, "writer"),
+    )  # fmt: skip
+    try:
+        wait_until(lambda: _presence(secured, "writer") == "idle", "writer's runner to start")
+        asked = as_agent(secured, "lead", "ask", "writer", "ping", "--timeout", "50")
+        assert "PING" in _ok(asked)
+        done = as_agent(secured, "lead", "delegate", "writer", "do it", "--wait", "50")
+        assert "DO IT" in _ok(done)
+    finally:
+        runner.terminate()
+        _, err = runner.communicate(timeout=BOUND_S)
+    assert runner.returncode == 0, err.decode()
+
+
+def _presence(secured: Secured, agent: str) -> str:
+    shown = _ok(as_agent(secured, "lead", "presence", "--json"))
+    return next(str(json.loads(line)["presence"]) for line in shown.splitlines()
+                if json.loads(line)["name"] == agent)  # fmt: skip
