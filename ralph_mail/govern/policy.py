@@ -195,6 +195,27 @@ class Policy:
         return replace(self, budgets=budgets)
 
 
+def reach(policy: Policy, team: Team, *, answers: bool = False) -> dict[str, set[str]]:
+    """For each member, the members whose inboxes it may write to under ``policy`` (what
+    a server enforcing it lets through, ``ralph-mail nats config``): itself, those it may
+    contact (allowed, or held for approval), and, as it releases what it approves,
+    those its direct reports may contact. With ``answers``, also those that may contact
+    it: its replies, acks and task results then reach them, and a deny rule holds on
+    the server one way only (the Gate still refuses the contact it forbids)."""
+    names = team.names
+    may = {a: {t for t in names if policy.decide(team, a, t).verdict != "deny"} | {a}
+           for a in names}  # fmt: skip
+    found = {a: set(may[a]) for a in names}
+    for agent in names:
+        manager = team.member(agent).manager
+        if manager in found:
+            found[manager] |= may[agent]
+    if answers:
+        for agent in names:
+            found[agent] |= {other for other in names if agent in may[other]}
+    return found
+
+
 def change(store: TeamStore, edit: Callable[[Policy], Policy]) -> Policy:
     """Replace the policy kept in ``store`` with ``edit(policy)``, with no other change
     in between; return it. A broken policy is not edited: `InvalidMessage` naming it

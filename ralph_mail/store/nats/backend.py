@@ -9,8 +9,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from ralph_mail.errors import MailError, StoreError
+from ralph_mail.errors import MailError, PermissionDenied, StoreError
 from ralph_mail.store.health import Finding
+from ralph_mail.store.nats.auth import login, write_authorization
 from ralph_mail.store.nats.doctor import team_findings
 from ralph_mail.store.nats.names import hexed, prefix_of, stream_of
 from ralph_mail.store.nats.stream import TeamStream
@@ -53,9 +54,10 @@ class NatsBackend:
 
     def __init__(self, url: str, home: Path | None = None) -> None:
         try:
-            address(url)
+            where = address(url)
         except ValueError as exc:
             raise MailError(f"{exc}; set it with --backend or RALPH_BACKEND") from None
+        login(where.user, where.password)  # a credentials file named, but not there: now
         self.url, self.home = url, home  # home: where a team's index is kept (`index`)
         self._server = TeamStream(url, "")  # the server's API, for no team in particular
 
@@ -74,6 +76,12 @@ class NatsBackend:
             raise
         except Exception as exc:
             why = str(exc) or exc.__class__.__name__
+            if link.refused:  # (the request went unanswered: the server dropped it)
+                why, link.refused = link.refused, ""
+                raise PermissionDenied(
+                    f"NATS {redacted(self.url)}: {why}: this user's permissions on the server "
+                    "(written by 'ralph-mail nats config') do not allow it: the lead's do"
+                ) from None
             raise StoreError(f"NATS {redacted(self.url)}: {why}") from None
 
     def create_team(self, name: str, agents: list[str], roster: bytes) -> None:
@@ -178,6 +186,20 @@ class NatsBackend:
             except (MailError, FileNotFoundError) as exc:
                 found.append(("fail", f"team {name!r}: {exc}"))
         return found
+
+    def write_authorization(
+        self,
+        team: str,
+        lead: str,
+        reach: dict[str, set[str]],
+        cursors: dict[str, list[str]],
+        out: Path | None = None,
+    ) -> tuple[Path, dict[str, Path]]:
+        """The server's ``authorization`` block for ``team`` and its agents' credentials,
+        written (`auth.write_authorization`); where."""
+        if self.home is None:
+            raise MailError("no home to write the agents' credentials in: pass --home")
+        return write_authorization(self.home, team, lead, reach, cursors, out)
 
     def team_store(self, name: str, *, durable: bool = False) -> NatsStore:
         return NatsStore(self.url, name, durable=durable, home=self.home)

@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from ralph_mail.errors import StoreError
+from ralph_mail.errors import PermissionDenied, StoreError
 from ralph_mail.message import format_ts
 from ralph_mail.store.base import check_key
 from ralph_mail.store.nats.background import flush, later, pending_lock
@@ -225,7 +225,14 @@ class Logs(Claims):
         record = _dead_record(key, -1, msg.data, reason) | {"seq": seq}
         dead = self._subject(f"log:dead.{kv_key(key)}")
         self._put(dead, orjson.dumps(record), b"", stamp=False, msg_id=f"{subject}:{seq}")
-        gone = self._api(f"STREAM.MSG.DELETE.{self.stream}", {"seq": seq, "no_erase": True})
+        try:
+            gone = self._api(f"STREAM.MSG.DELETE.{self.stream}", {"seq": seq, "no_erase": True})
+        except PermissionDenied:  # a member's user may remove no message (`auth`)
+            raise PermissionDenied(
+                f"{key!r} holds a message published without the store's headers (stream "
+                f"sequence {seq}), which this user may not remove: the lead sets it aside "
+                f"by reading it ('ralph-mail tail {key} --agent LEAD')"
+            ) from None
         if "error" in gone and code_of(gone) != _NO_MESSAGE:  # (another reader was first)
             raise StoreError(f"NATS {self.shown}: {gone['error'].get('description', gone)}")
         self._seqs.pop(subject, None)

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, Final, TypeVar
 
-from ralph_mail.errors import StoreError
+from ralph_mail.errors import MailError, StoreError
 from ralph_mail.store.nats.wire import REQUEST_S
 
 _T = TypeVar("_T")
@@ -27,30 +27,37 @@ class Loop:
     _lock: Final = threading.Lock()
 
     def __init__(self, url: str) -> None:
-        from urllib.parse import urlsplit
-
         import nats
 
-        self.url = url
-        where = urlsplit(url)  # a quick look first: nats-py retries a dead server forever
-        socket.create_connection((where.hostname or "127.0.0.1", where.port or 4222), 3).close()
+        from ralph_mail.store.nats.auth import login
+        from ralph_mail.store.nats.wire import address
+
+        self.url, where = url, address(url)
+        user, password = login(where.user, where.password)  # (or RALPH_NATS_CREDS's)
+        logged = {"user": user, "password": password} if password is not None else {}
+        # A quick look first: nats-py retries a dead server forever.
+        socket.create_connection((where.host, where.port), 3).close()
         self.loop = asyncio.new_event_loop()
         thread = threading.Thread(target=self.loop.run_forever, name="ralph-nats", daemon=True)
         thread.start()
 
-        async def quiet(_: Exception) -> None:
-            """Connection trouble surfaces in the call that meets it, not as log noise."""
+        async def quiet(exc: Exception) -> None:
+            """Connection trouble surfaces in the call that meets it, not as log noise;
+            a publish the server refused (this user's permissions) is kept for it."""
+            if "permissions violation" in str(exc).lower():
+                self.refused = str(exc)
 
         async def reconnected() -> None:
             for keys in list(self.pushed):  # a restarted server lost their consumers
                 self._restarts.add(restart := asyncio.ensure_future(keys.restart()))
                 restart.add_done_callback(self._restarts.discard)
 
+        self.refused = ""  # the last publish the server refused (see `quiet`)
         self.pushed: set[Keys] = set()  # the process's watches on this connection
         self._restarts: set[asyncio.Future[None]] = set()
         connecting = nats.connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.2,
                                   connect_timeout=5, error_cb=quiet,
-                                  reconnected_cb=reconnected)  # fmt: skip
+                                  reconnected_cb=reconnected, **logged)  # fmt: skip
         self.nc: Any = self.run(connecting)
         self.js: Any = self.nc.jetstream(timeout=REQUEST_S)
 
@@ -61,6 +68,8 @@ class Loop:
             if made is None:
                 try:
                     made = cls._made[os.getpid(), url] = cls(url)
+                except MailError:
+                    raise  # (a credentials file that is not there: said as it is)
                 except Exception as exc:  # no server there
                     why = str(exc) or exc.__class__.__name__
                     from ralph_mail.store.nats.wire import redacted

@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import orjson
 
-from ralph_mail.errors import InboxBusy, StoreError
+from ralph_mail.errors import InboxBusy, PermissionDenied, StoreError
 from ralph_mail.store.nats.names import hexed, prefix_of, stream_of, token
 from ralph_mail.store.nats.wire import (
     REQUEST_S,
     TRY_S,
+    Forbidden,
     NeverReached,
     Refused,
     Reply,
@@ -174,6 +175,11 @@ class TeamStream:
                              "the server's configuration") from None  # fmt: skip
         except (NeverReached, Refused) as exc:
             raise StoreError(str(exc)) from None  # (it names the server and the fix)
+        except Forbidden as exc:
+            raise PermissionDenied(
+                f"{exc}: this user's permissions on the server (written "
+                "by 'ralph-mail nats config') do not allow it"
+            ) from None
         except WireError as exc:
             raise StoreError(f"NATS {self.shown}: {exc}") from None
         except TimeoutError:

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Final, NamedTuple, TypeVar
 from urllib.parse import SplitResult, unquote, urlsplit
 
+from ralph_mail.errors import MailError
+from ralph_mail.store.nats import auth
 from ralph_mail.store.outage import Tries, answered
 
 _T = TypeVar("_T")
@@ -82,6 +84,11 @@ class NeverReached(Unreachable):
 class Refused(WireError):
     """The server refused the login (no user, a wrong password or token): said at once,
     never tried again."""
+
+
+class Forbidden(WireError):
+    """The server refused a publish: this user's permissions do not allow the subject
+    (``ralph-mail nats config``). Said at once, never tried again."""
 
 
 class TooBig(WireError):
@@ -204,10 +211,15 @@ class Wire:
         options: dict[str, object] = {"verbose": False, "pedantic": False, "headers": True,
                                       "no_responders": True, "protocol": 1,
                                       "lang": "python-ralph", "version": "1"}  # fmt: skip
-        if where.user is not None and where.password is not None:
-            options["user"], options["pass"] = where.user, where.password
-        elif where.user is not None:
-            options["auth_token"] = where.user
+        try:
+            user, password = auth.login(where.user, where.password)  # (or RALPH_NATS_CREDS's)
+        except MailError as exc:
+            self.close()
+            raise Refused(str(exc)) from None
+        if user is not None and password is not None:
+            options["user"], options["pass"] = user, password
+        elif user is not None:
+            options["auth_token"] = user
         self._send(b"CONNECT " + json.dumps(options).encode() + _CRLF
                    + f"SUB {self._inbox}.* 1".encode() + _CRLF + b"PING" + _CRLF)  # fmt: skip
         while True:
@@ -220,8 +232,8 @@ class Wire:
                 why = line[5:].decode(errors="replace").strip(" '")
                 if not any(word in why.lower() for word in ("authori", "authenti")):
                     raise WireError(f"{host}:{port} refused the connection: {why}")
-                login = "a user and password (nats://USER:PASS@HOST:PORT) or a token " \
-                        "(nats://TOKEN@HOST:PORT)"  # fmt: skip
+                login = "a user and password (nats://USER:PASS@HOST:PORT, or RALPH_NATS_CREDS=" \
+                        "FILE) or a token (nats://TOKEN@HOST:PORT)"  # fmt: skip
                 raise Refused(f"the NATS server at {self.shown} refused the login ({why}): "
                               f"give {login} that it accepts")  # fmt: skip
 
@@ -291,7 +303,7 @@ class Wire:
                 answer = attempt(deadline, answer_by)
                 answered(tries.where)
                 return answer
-            except (Unreachable, Refused):
+            except (Unreachable, Refused, Forbidden):
                 raise  # (connecting tried again until the deadline already, or must not)
             except (WireError, TimeoutError) as exc:
                 if not again or not tries.again(str(exc) or "no answer"):
@@ -318,7 +330,7 @@ class Wire:
                 if answer.status == "204" or not found[reply]:
                     found[reply].append(answer)
                 open_.discard(reply)
-        except TimeoutError:
+        except (TimeoutError, Forbidden):
             raise
         except OSError as exc:
             self.close()
@@ -396,7 +408,7 @@ class Wire:
                         found.append(answer)
                     return found
                 found.append(answer)
-        except TimeoutError:
+        except (TimeoutError, Forbidden):
             raise  # the connection stays: a late answer goes to a reply no one waits on
         except OSError as exc:
             self.close()
@@ -436,7 +448,10 @@ class Wire:
             if line == b"PING":
                 self._send(b"PONG" + _CRLF)
             elif line.startswith(b"-ERR"):
-                raise WireError(f"{self.shown}: {line[5:].decode(errors='replace')}")
+                why = line[5:].decode(errors="replace").strip(" '")
+                if why.startswith("Permissions Violation"):  # (the connection stays open)
+                    raise Forbidden(f"the NATS server at {self.shown} refused it: {why}")
+                raise WireError(f"{self.shown}: {why}")
 
     # -- bytes ------------------------------------------------------------------------
 
