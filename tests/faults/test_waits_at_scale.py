@@ -204,7 +204,7 @@ def test_the_wait_contract_holds_on_every_way_of_waiting(mechanism: str) -> None
     env = {k: v for k, v in os.environ.items() if not k.startswith("RALPH_")}
     env["RALPH_WAIT"] = mechanism
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "tests", "-q", "-x", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "tests", "-q", "-x", "-p", "no:cacheprovider", "-n", "0",
          "-k", selected, f"--ignore={Path(__file__).resolve()}"],
         cwd=ROOT, env=env, capture_output=True, timeout=900,
     )  # fmt: skip
