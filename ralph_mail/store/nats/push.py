@@ -30,13 +30,12 @@ class Loop:
         import nats
 
         from ralph_mail.store.nats.auth import login
-        from ralph_mail.store.nats.wire import address
+        from ralph_mail.store.nats.wire import addresses, servers
 
-        self.url, where = url, address(url)
-        user, password = login(where.user, where.password)  # (or RALPH_NATS_CREDS's)
+        self.url, wheres = url, addresses(url)
+        user, password = login(wheres[0].user, wheres[0].password)  # (or RALPH_NATS_CREDS's)
         logged = {"user": user, "password": password} if password is not None else {}
-        # A quick look first: nats-py retries a dead server forever.
-        socket.create_connection((where.host, where.port), 3).close()
+        self._look(wheres)  # a quick look first: nats-py retries a dead server forever
         self.loop = asyncio.new_event_loop()
         thread = threading.Thread(target=self.loop.run_forever, name="ralph-nats", daemon=True)
         thread.start()
@@ -55,11 +54,23 @@ class Loop:
         self.refused = ""  # the last publish the server refused (see `quiet`)
         self.pushed: set[Keys] = set()  # the process's watches on this connection
         self._restarts: set[asyncio.Future[None]] = set()
-        connecting = nats.connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.2,
-                                  connect_timeout=5, error_cb=quiet,
+        connecting = nats.connect(servers=servers(url), max_reconnect_attempts=-1,
+                                  reconnect_time_wait=0.2, connect_timeout=5, error_cb=quiet,
                                   reconnected_cb=reconnected, **logged)  # fmt: skip
         self.nc: Any = self.run(connecting)
         self.js: Any = self.nc.jetstream(timeout=REQUEST_S)
+
+    @staticmethod
+    def _look(wheres: list[Any]) -> None:
+        """Return when one of the servers (a cluster's) accepts a connection; raise
+        what the last one said when none does."""
+        for at, where in enumerate(wheres):
+            try:
+                socket.create_connection((where.host, where.port), 3).close()
+                return
+            except OSError:
+                if at == len(wheres) - 1:
+                    raise
 
     @classmethod
     def of(cls, url: str) -> Loop:
