@@ -393,6 +393,11 @@ class Wire:
             raise WireError(f"lost the connection to {self.shown} ({exc})") from None
         return [found[reply] for reply in replies]
 
+    @property
+    def asked(self) -> int:
+        """How many requests this connection has sent (each of a `many` counted)."""
+        return self._asked
+
     def _reply(self) -> bytes:
         self._asked += 1
         return f"{self._inbox}.{self._asked}".encode()
