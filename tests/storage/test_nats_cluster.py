@@ -97,12 +97,16 @@ def test_killing_the_stream_leader_mid_traffic_loses_no_acknowledged_send_and_ha
     procs: Processes,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("RALPH_NATS_REPLICAS", "3")
     cluster = Cluster(servers, tmp_path / "node.conf").start()
     for index in range(3):  # every write synced before it is acknowledged
         assert cluster.varz(index)["jetstream"]["config"]["sync_always"] is True  # type: ignore[index]
     url = cluster.url
+    create_team("solo", ["lead"], home=home, backend=url)  # one replica, by default
+    monkeypatch.setenv("RALPH_NATS_REPLICAS", "3")
     create_team("demo", ["lead", "w", "r", "idle"], home=home, backend=url)
+    solo = backend(home, url).team_store("solo")
+    assert solo._api(f"STREAM.INFO.{solo.stream}", {})["config"]["num_replicas"] == 1
+    backend(home, url).remove_team("solo")  # (beside teams of other replicas)
     store = backend(home, url).team_store("demo")
     leader = _replicated(store, store.stream)
     _replicated(store, f"KV_{store.stream}")

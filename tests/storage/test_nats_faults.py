@@ -319,6 +319,23 @@ def test_a_backend_url_that_is_no_url_is_one_line(home: Path, url: str, command:
     one_line(cli(home, url, *args), 2, f"invalid NATS URL {url!r}", "nats://HOST:PORT")
 
 
+@pytest.mark.parametrize("url", ["nats://127.0.0.1:4222,,127.0.0.1:4223",
+                                 "nats://127.0.0.1:4222,127.0.0.1:abc"])  # fmt: skip
+def test_a_cluster_url_with_a_bad_server_is_one_line(home: Path, url: str) -> None:
+    one_line(cli(home, url, "send", "w", "hi", "--agent", "lead"), 2, "invalid NATS URL")
+
+
+@pytest.mark.parametrize("replicas", ["0", "6", "three", "-1"])
+def test_a_replica_count_that_is_none_is_one_line_and_makes_no_team(
+    home: Path, replicas: str
+) -> None:
+    url = fresh_nats()
+    made = cli(home, url, "team", "create", "demo", "--member", "lead",
+               RALPH_NATS_REPLICAS=replicas)  # fmt: skip
+    one_line(made, 2, f"invalid RALPH_NATS_REPLICAS={replicas!r}", "1 to 5")
+    assert cli(home, url, "team", "list").stdout.strip() == b""
+
+
 @pytest.mark.parametrize("url", ["nats:/127.0.0.1:4222", "ws://127.0.0.1:4222"])
 def test_doctor_refuses_a_mistyped_backend_as_every_command_does(home: Path, url: str) -> None:
     """doctor does not check the file home instead and call it healthy."""

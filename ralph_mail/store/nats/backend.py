@@ -208,9 +208,15 @@ class NatsBackend:
 
 
 async def _teams(link: Loop, copies: int = 1) -> Any:
-    """The bucket of team names (made when first needed, with ``copies`` replicas)."""
-    return await _made(lambda: link.js.create_key_value(bucket="RALPH_TEAMS", history=1,
-                                                        replicas=copies))  # fmt: skip
+    """The bucket of team names: as it is when it is there (made with other replicas
+    than a team made now may have), else made with ``copies`` replicas."""
+    from nats.js.errors import BucketNotFoundError
+
+    try:
+        return await link.js.key_value("RALPH_TEAMS")
+    except BucketNotFoundError:
+        return await _made(lambda: link.js.create_key_value(bucket="RALPH_TEAMS", history=1,
+                                                            replicas=copies))  # fmt: skip
 
 
 __all__ = ["NatsBackend", "NatsStore"]
