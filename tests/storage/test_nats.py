@@ -15,7 +15,7 @@ import pytest
 
 from ralph_mail import MessageBus, create_team
 from tests.helpers.backends import fresh_nats, start_nats
-from tests.helpers.processes import BOUND_S, Processes, cli_env
+from tests.helpers.processes import BOUND_S, Processes, cli_env, wait_until
 
 
 def nats_env(home: Path, url: str, **extra: str) -> dict[str, str]:
@@ -348,6 +348,34 @@ def test_a_wait_woken_by_the_last_line_reads_it_without_asking_the_server_again(
         del trips[:]
         assert [m.content for m in bus.poll()] == ["next"]
         assert trips[0].startswith("$JS.API.DIRECT.GET."), trips  # poll asks the server
+
+
+def test_a_watch_whose_consumer_went_silent_starts_again(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bucket's watch hears the server's heartbeats; its consumer gone without a
+    reconnect (its server killed, on a cluster), it starts again after three missed, and
+    sees the changes made since."""
+    from ralph_mail.store import backend
+    from ralph_mail.store.nats.push import Keys
+
+    monkeypatch.setattr(Keys, "HEARTBEAT_S", 0.2)
+    url = fresh_nats()
+    create_team("demo", ["lead", "w"], home=home, backend=url)
+    store, other = (backend(home, url).team_store("demo") for _ in range(2))
+    try:
+        wait_until(lambda: store.state_version("x") is None and store._keys is not None,
+                   "the watch to start")  # fmt: skip
+        keys = store._keys
+        assert keys is not None
+        first = keys._consumer
+        assert store._api(f"CONSUMER.DELETE.KV_{store.stream}.{first}", {}).get("success")
+        other.save_state("x", b"after")
+        wait_until(lambda: store.state_version("x") is not None, "the watch to see it")
+        assert keys._consumer != first
+    finally:
+        store.close()
+        other.close()
 
 
 def test_a_message_over_the_servers_max_payload_is_one_clear_error(home: Path) -> None:
