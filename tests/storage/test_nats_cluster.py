@@ -19,6 +19,7 @@ import pytest
 
 from ralph_mail import create_team
 from ralph_mail.store import backend
+from ralph_mail.store.nats.push import Loop
 from tests.helpers.cluster import Cluster, Server
 from tests.helpers.processes import BOUND_S, Processes, cli_env, wait_until
 
@@ -139,15 +140,22 @@ def test_killing_the_stream_leader_mid_traffic_loses_no_acknowledged_send_and_ha
     # The stream's leader now (it may have moved since the team was made).
     leader = store._api(f"STREAM.INFO.{store.stream}", {})["cluster"]["leader"] or leader
     store.close()
+    doomed = cluster.nodes[cluster.index_of(leader)]
+    link = Loop.of(",".join([doomed.url, *(n.url for n in cluster.nodes if n is not doomed)]))
+    assert link.nc.connected_url.port == doomed.port  # nats-py's, to the leader's server
     killed_at = time.monotonic()
-    cluster.nodes[cluster.index_of(leader)].stop(signal.SIGKILL)
+    doomed.stop(signal.SIGKILL)
     go.touch()
     during = subprocess.run([*python, "send", "idle", "after the kill", "--agent", "lead"],
                             env=env, stdin=subprocess.DEVNULL, capture_output=True,
                             timeout=BOUND_S)  # fmt: skip
     assert during.returncode == 0, during.stderr
 
+    wait_until(lambda: link.nc.is_connected and link.nc.connected_url.port != doomed.port,
+               "nats-py to connect to another server")  # fmt: skip
+
     assert sender.wait(timeout=BOUND_S) == 0, sender.stderr.read()  # type: ignore[union-attr]
+    assert link.run(link.js.account_info()).streams >= 2  # (the election over by now)
     sent.done()
     acked = [line for line in sent.lines if not line.startswith("failed")]
     assert any(at > killed_at for at in sent.at), "the sends ended before the kill"

@@ -54,8 +54,9 @@ class Loop:
         self.refused = ""  # the last publish the server refused (see `quiet`)
         self.pushed: set[Keys] = set()  # the process's watches on this connection
         self._restarts: set[asyncio.Future[None]] = set()
-        connecting = nats.connect(servers=servers(url), max_reconnect_attempts=-1,
-                                  reconnect_time_wait=0.2, connect_timeout=5, error_cb=quiet,
+        connecting = nats.connect(servers=servers(url), dont_randomize=True,  # (as the wire)
+                                  max_reconnect_attempts=-1, reconnect_time_wait=0.2,
+                                  connect_timeout=5, error_cb=quiet,
                                   reconnected_cb=reconnected, **logged)  # fmt: skip
         self.nc: Any = self.run(connecting)
         self.js: Any = self.nc.jetstream(timeout=REQUEST_S)
