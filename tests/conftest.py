@@ -1,16 +1,18 @@
 """The fixtures every test may ask for: a private mailbox home, a team in it, a reaped
-process starter, a team on every backend; and the fault suite's figures at the end.
-Helpers that tests import live in tests/helpers."""
+process starter, nats-servers killed after the test, a team on every backend; and the
+fault suite's figures at the end. Helpers that tests import live in tests/helpers."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import signal
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from ralph_mail import Team, create_team
 from tests.helpers.backends import BACKENDS, backend_url
+from tests.helpers.cluster import Server
 from tests.helpers.faultkit import summary
 from tests.helpers.processes import Processes
 
@@ -40,6 +42,23 @@ def procs() -> Iterator[Processes]:
         yield processes
     finally:
         processes.reap()
+
+
+@pytest.fixture
+def servers(tmp_path: Path) -> Iterator[Callable[..., Server]]:
+    """Makes nats-server children (`Server`, not started; options as nats-server takes
+    them) that are killed after the test, whatever happens."""
+    made: list[Server] = []
+
+    def make(*options: str) -> Server:
+        made.append(Server(tmp_path / f"nats-{len(made)}", options))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for server in made:
+            server.stop(signal.SIGKILL)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ralph_mail import MessageBus, create_team
 from tests.helpers.backends import fresh_nats, start_nats
-from tests.helpers.processes import BOUND_S, Processes, cli_env
+from tests.helpers.processes import BOUND_S, Processes, cli_env, wait_until
 
 
 def nats_env(home: Path, url: str, **extra: str) -> dict[str, str]:
@@ -295,6 +298,84 @@ def test_a_waiter_whose_consumer_the_server_forgot_makes_it_again(home: Path) ->
         waiter.close()
         lead.close()
         store.close()
+
+
+def _trips(monkeypatch: pytest.MonkeyPatch, pulled: Callable[[], object]) -> list[str]:
+    """The subjects of the round trips this thread makes from now on (`Wire.request`,
+    `Wire.many`); ``pulled()`` is called on another thread at the first pull."""
+    from ralph_mail.store.nats.wire import Wire
+
+    trips: list[str] = []
+    me = threading.get_ident()
+    for name in ("request", "many"):
+        made = getattr(Wire, name)
+
+        def counted(wire: Wire, ask: object, *args: object, _made: Any = made, **kw: Any) -> Any:
+            if threading.get_ident() == me:
+                subject = ask if isinstance(ask, str) else "many"
+                if subject.startswith("$JS.API.CONSUMER.MSG.NEXT.") and "pull" not in trips:
+                    trips.append("pull")
+                    threading.Thread(target=pulled).start()  # (stored once the pull is out)
+                trips.append(str(subject))
+            return _made(wire, ask, *args, **kw)
+
+        monkeypatch.setattr(Wire, name, counted)
+    return trips
+
+
+def test_a_wait_woken_by_the_last_line_reads_it_without_asking_the_server_again(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pull that woke a wait brought the line, and said nothing follows it: the read
+    after it costs no round trip, and neither does the look for more: the one round trip
+    after the pull is the commit (and a look-up of the inbox's start, which the bucket's
+    watch serves once it runs). A `poll` after it still asks the server, and gets a line
+    another thread stored since."""
+    url = fresh_nats()
+    create_team("demo", ["lead", "w"], home=home, backend=url)
+    with MessageBus("demo", "lead", home, backend=url) as lead, \
+            MessageBus("demo", "w", home, backend=url) as bus:  # fmt: skip
+        bus.poll()  # (an empty inbox: the first look is the server's)
+        trips = _trips(monkeypatch, lambda: lead.send("w", "text", "hi"))
+        assert [m.content for m in bus.wait_for_messages(BOUND_S)] == ["hi"]
+        after = trips[trips.index("pull") + 2 :]  # (the pull marked, then made)
+        assert not [s for s in after if "DIRECT.GET" in s or s == "many"], trips
+        assert [s for s in after if ".cursor." in s] == [s for s in after if "$KV." in s], trips
+        assert len([s for s in after if ".cursor." in s]) == 1, trips
+        sending = threading.Thread(target=lead.send, args=("w", "text", "next"))
+        sending.start()  # (another thread: this one has made no round trip since)
+        sending.join(BOUND_S)
+        del trips[:]
+        assert [m.content for m in bus.poll()] == ["next"]
+        assert trips[0].startswith("$JS.API.DIRECT.GET."), trips  # poll asks the server
+
+
+def test_a_watch_whose_consumer_went_silent_starts_again(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bucket's watch hears the server's heartbeats; its consumer gone without a
+    reconnect (its server killed, on a cluster), it starts again after three missed, and
+    sees the changes made since."""
+    from ralph_mail.store import backend
+    from ralph_mail.store.nats.push import Keys
+
+    monkeypatch.setattr(Keys, "HEARTBEAT_S", 0.2)
+    url = fresh_nats()
+    create_team("demo", ["lead", "w"], home=home, backend=url)
+    store, other = (backend(home, url).team_store("demo") for _ in range(2))
+    try:
+        wait_until(lambda: store.state_version("x") is None and store._keys is not None,
+                   "the watch to start")  # fmt: skip
+        keys = store._keys
+        assert keys is not None
+        first = keys._consumer
+        assert store._api(f"CONSUMER.DELETE.KV_{store.stream}.{first}", {}).get("success")
+        other.save_state("x", b"after")
+        wait_until(lambda: store.state_version("x") is not None, "the watch to see it")
+        assert keys._consumer != first
+    finally:
+        store.close()
+        other.close()
 
 
 def test_a_message_over_the_servers_max_payload_is_one_clear_error(home: Path) -> None:

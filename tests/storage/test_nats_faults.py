@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import os
 import select
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -23,66 +22,8 @@ import pytest
 from ralph_mail import MessageBus, create_team
 from ralph_mail.store import backend
 from tests.helpers.backends import fresh_nats
+from tests.helpers.cluster import Cluster, Server
 from tests.helpers.processes import BOUND_S, Processes, cli_env, wait_until
-
-_BINARY = shutil.which("nats-server") or str(Path(sys.executable).with_name("nats-server"))
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-class Server:
-    """A nats-server child of one test: one port and one store directory across its
-    restarts, started and stopped by pid; its log in ``log``."""
-
-    def __init__(self, store: Path, options: tuple[str, ...]) -> None:
-        self.store, self.options = store, options
-        self.port = _free_port()
-        self.log = store.with_suffix(".log")
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
-
-    def start(self) -> Server:
-        self.proc = subprocess.Popen(
-            [_BINARY, "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store),
-             "-l", str(self.log), *self.options],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        deadline = time.monotonic() + BOUND_S
-        while True:
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return self
-            assert self.proc.poll() is None, f"nats-server exited: {self.log.read_text()}"
-            assert time.monotonic() < deadline, "nats-server did not start"
-            time.sleep(0.02)
-
-    def stop(self, how: int = signal.SIGTERM) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(how)
-            self.proc.wait(timeout=BOUND_S)
-
-
-@pytest.fixture
-def servers(tmp_path: Path) -> Iterator[Callable[..., Server]]:
-    """Makes `Server`s (not started) that are killed after the test, whatever happens."""
-    made: list[Server] = []
-
-    def make(*options: str) -> Server:
-        made.append(Server(tmp_path / f"nats-{len(made)}", options))
-        return made[-1]
-
-    try:
-        yield make
-    finally:
-        for server in made:
-            server.stop(signal.SIGKILL)
 
 
 def cli(
@@ -378,6 +319,23 @@ def test_a_backend_url_that_is_no_url_is_one_line(home: Path, url: str, command:
     one_line(cli(home, url, *args), 2, f"invalid NATS URL {url!r}", "nats://HOST:PORT")
 
 
+@pytest.mark.parametrize("url", ["nats://127.0.0.1:4222,,127.0.0.1:4223",
+                                 "nats://127.0.0.1:4222,127.0.0.1:abc"])  # fmt: skip
+def test_a_cluster_url_with_a_bad_server_is_one_line(home: Path, url: str) -> None:
+    one_line(cli(home, url, "send", "w", "hi", "--agent", "lead"), 2, "invalid NATS URL")
+
+
+@pytest.mark.parametrize("replicas", ["0", "6", "three", "-1"])
+def test_a_replica_count_that_is_none_is_one_line_and_makes_no_team(
+    home: Path, replicas: str
+) -> None:
+    url = fresh_nats()
+    made = cli(home, url, "team", "create", "demo", "--member", "lead",
+               RALPH_NATS_REPLICAS=replicas)  # fmt: skip
+    one_line(made, 2, f"invalid RALPH_NATS_REPLICAS={replicas!r}", "1 to 5")
+    assert cli(home, url, "team", "list").stdout.strip() == b""
+
+
 @pytest.mark.parametrize("url", ["nats:/127.0.0.1:4222", "ws://127.0.0.1:4222"])
 def test_doctor_refuses_a_mistyped_backend_as_every_command_does(home: Path, url: str) -> None:
     """doctor does not check the file home instead and call it healthy."""
@@ -554,25 +512,6 @@ def test_run_wait_and_lead_outlast_a_server_away_past_the_one_off_bound(
         assert b"Traceback" not in err and notes == [b"away", b"back"], (name, err)
 
 
-def _cluster(servers: Callable[..., Server]) -> list[Server]:
-    """Three nats-servers with JetStream in one cluster, once JetStream answers."""
-    routes = [f"nats://127.0.0.1:{_free_port()}" for _ in range(3)]
-    nodes = [servers("-js", "-n", f"n{i}", "--cluster_name", "c", "--cluster", routes[i],
-                     "--routes", ",".join(routes)) for i in range(3)]  # fmt: skip
-    for node in nodes:
-        node.start()
-
-    def ready() -> bool:
-        info = backend(Path("/nonexistent"), nodes[0].url)._server  # type: ignore[attr-defined]
-        try:
-            return "error" not in info._api("INFO", {})
-        except Exception:
-            return False
-
-    wait_until(ready, "the cluster's JetStream")
-    return nodes
-
-
 def test_a_leader_lost_reads_as_unavailable_and_is_outlasted_never_as_no_team(
     home: Path, servers: Callable[..., Server]
 ) -> None:
@@ -580,7 +519,7 @@ def test_a_leader_lost_reads_as_unavailable_and_is_outlasted_never_as_no_team(
     leader is killed and another elected goes through (it is tried again); with two of
     three nodes gone (no leader can be elected) a command says the server is
     unavailable, never that there is no team."""
-    nodes = _cluster(servers)
+    nodes = Cluster(servers, home.parent / "node.conf").start().nodes
     team_of(home, nodes[0].url)
     store = store_of(home, nodes[0].url)
     leaders: dict[str, str] = {}

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ralph_mail.store.nats.wire import TooBig, Wire, WireError, _headers
+from ralph_mail.store.nats.wire import TooBig, Wire, WireError, _headers, redacted, servers
 
 
 class Scripted:
@@ -163,6 +163,43 @@ def test_a_message_over_the_servers_max_payload_is_refused_unsent(
     assert wire.request("x", b"small")[0].data == b"small"
     assert server.published == [b"small"]
     wire.close()
+
+
+def test_a_read_goes_to_a_clusters_next_server_when_one_breaks(
+    scripted: type[Scripted],
+) -> None:
+    """The first server breaks the connection under a read and is gone after: the read is
+    asked again of the second; a publish that then meets a broken connection there is not
+    sent again (to either)."""
+    first, second = scripted(["drop"]), scripted(["answer", "drop", "answer"])
+    wire = Wire(f"nats://127.0.0.1:{first.port},127.0.0.1:{second.port}")
+    assert wire.request("x", b"read", again=True, timeout=10)[0].data == b"read"
+    assert first.published == [b"read"] and second.published == [b"read"]
+    with pytest.raises(WireError, match="lost the connection"):
+        wire.request("x", b"append", timeout=10)
+    assert first.published == [b"read"] and second.published == [b"read", b"append"]
+    wire.close()
+
+
+def test_a_clusters_servers_are_each_a_url_with_the_first_ones_scheme_and_login() -> None:
+    assert servers("nats://a:1") == ["nats://a:1"]
+    assert servers("nats://u:p@a:1, b:2,tls://c:3") == [
+        "nats://u:p@a:1", "nats://u:p@b:2", "tls://u:p@c:3"]  # fmt: skip
+    assert servers("nats://t@a:1,nats://v@b:2") == ["nats://t@a:1", "nats://v@b:2"]
+    assert redacted("nats://u:p@a:1,u:q@b:2") == "nats://u:***@a:1,u:***@b:2"
+    with pytest.raises(ValueError, match="an empty server"):
+        servers("nats://a:1,,b:2")
+
+
+def test_no_server_of_a_cluster_is_a_wire_error_naming_each() -> None:
+    ports = []
+    for _ in range(2):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            ports.append(probe.getsockname()[1])
+    with pytest.raises(WireError, match="cannot reach") as raised:
+        Wire(f"nats://127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}").request("x", b"", timeout=0.5)
+    assert all(str(port) in str(raised.value) for port in ports)
 
 
 def test_no_server_is_a_wire_error_within_the_timeout() -> None:

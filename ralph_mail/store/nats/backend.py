@@ -1,5 +1,6 @@
-"""The NATS backend: teams on one NATS server, each a stream and a bucket (`NatsStore`),
-created, listed, removed and checked here, over nats-py's connection (`push`).
+"""The NATS backend: teams on a NATS server (or a cluster's, each team kept by
+``RALPH_NATS_REPLICAS`` of them), each a stream and a bucket (`NatsStore`), created,
+listed, removed and checked here, over nats-py's connection (`push`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from ralph_mail.store.health import Finding
 from ralph_mail.store.nats.auth import login, write_authorization
 from ralph_mail.store.nats.doctor import team_findings
 from ralph_mail.store.nats.names import hexed, prefix_of, stream_of
-from ralph_mail.store.nats.stream import TeamStream
+from ralph_mail.store.nats.stream import TeamStream, replicas
 from ralph_mail.store.nats.team import NatsStore
-from ralph_mail.store.nats.wire import address, redacted
+from ralph_mail.store.nats.wire import addresses, redacted
 
 if TYPE_CHECKING:  # push (nats-py, asyncio) is imported when first needed
     from ralph_mail.store.nats.push import Loop
@@ -54,7 +55,7 @@ class NatsBackend:
 
     def __init__(self, url: str, home: Path | None = None) -> None:
         try:
-            where = address(url)
+            where = addresses(url)[0]  # (a cluster's servers: the first one's login)
         except ValueError as exc:
             raise MailError(f"{exc}; set it with --backend or RALPH_BACKEND") from None
         login(where.user, where.password)  # a credentials file named, but not there: now
@@ -88,10 +89,10 @@ class NatsBackend:
         from nats.js.api import StorageType, StreamConfig
         from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 
-        stream = stream_of(name)
+        stream, copies = stream_of(name), replicas()
 
         async def create(link: Loop) -> None:
-            teams = await _teams(link)
+            teams = await _teams(link, copies)
             try:
                 await teams.create(hexed(name), name.encode())
             except KeyWrongLastSequenceError:  # there, or a team deleted a moment ago
@@ -103,9 +104,10 @@ class NatsBackend:
                     raise FileExistsError(name) from None
             config = StreamConfig(name=stream, subjects=[f"{prefix_of(name)}.>"],
                                   allow_direct=True, storage=StorageType.FILE,
-                                  duplicate_window=120.0)  # fmt: skip
+                                  duplicate_window=120.0, num_replicas=copies)  # fmt: skip
             await _made(lambda: link.js.add_stream(config))
-            kv = await _made(lambda: link.js.create_key_value(bucket=stream, history=1))
+            kv = await _made(lambda: link.js.create_key_value(bucket=stream, history=1,
+                                                              replicas=copies))  # fmt: skip
             await kv.put("roster", roster)
 
         self._admin(create)
@@ -205,9 +207,16 @@ class NatsBackend:
         return NatsStore(self.url, name, durable=durable, home=self.home)
 
 
-async def _teams(link: Loop) -> Any:
-    """The bucket of team names (made when first needed)."""
-    return await _made(lambda: link.js.create_key_value(bucket="RALPH_TEAMS", history=1))
+async def _teams(link: Loop, copies: int = 1) -> Any:
+    """The bucket of team names: as it is when it is there (made with other replicas
+    than a team made now may have), else made with ``copies`` replicas."""
+    from nats.js.errors import BucketNotFoundError
+
+    try:
+        return await link.js.key_value("RALPH_TEAMS")
+    except BucketNotFoundError:
+        return await _made(lambda: link.js.create_key_value(bucket="RALPH_TEAMS", history=1,
+                                                            replicas=copies))  # fmt: skip
 
 
 __all__ = ["NatsBackend", "NatsStore"]

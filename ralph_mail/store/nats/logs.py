@@ -120,6 +120,7 @@ class Logs(Claims):
         self._locks: dict[str, threading.Lock] = {}  # subject -> its appends, one at a time
         self._kept: dict[str, dict[int, tuple[bytes, int, int]]] = {}  # see _pulled
         self._kept_lock = threading.Lock()
+        self._ends: dict[str, tuple[int, tuple[int, int]]] = {}  # see _pulled
         self._born: set[str] = set()  # subjects whose mark is in the bucket (see _emptied)
 
     # -- where a subject ends, where an offset is -----------------------------------------
@@ -290,23 +291,33 @@ class Logs(Claims):
 
     def _read(self, subject: str, offset: int, count: int = READ_BATCH) -> tuple[bytes, int]:
         held = self._held(subject, offset, count)
-        return (held, offset) if held is not None else self._fetch(subject, offset, count)
+        if held is not None:
+            return held, offset
+        if self._ends.pop(subject, None) == (offset, self._trips()):
+            return b"", offset  # (the pull, this thread's last round trip, said so)
+        return self._fetch(subject, offset, count)
 
     def _pulled(self, message: Reply) -> int:
         """Keep a line a waiter pulled, for the read that follows (up to `KEPT_LINES` a
         subject, by offset, each with the offset of the next line: a line kept is a
         fact about the stream, so a read from one is served here, without a round
-        trip); return its stream sequence."""
+        trip); return its stream sequence. When nothing followed it in the consumer's
+        subjects (its ``pending``, the last word of its ack subject before a v2 one's
+        token), the read after it is answered too: nothing, as long as that pull is
+        still this thread's last round trip (the same read asked of the server then)."""
         tokens = message.reply.split(".")  # $JS.ACK.[domain.account.]stream.consumer...
         seq = int(tokens[5] if len(tokens) == 9 else tokens[7])
         if not placed(message):  # (no line of the store's: the read sets it aside)
             return seq
         offset = int(message.headers["Ralph-Offset"])
+        after = offset + len(message.data) + 1
         with self._kept_lock:
             kept = self._kept.setdefault(message.subject, {})
-            kept[offset] = (message.data, seq, offset + len(message.data) + 1)
+            kept[offset] = (message.data, seq, after)
             if len(kept) > KEPT_LINES:
                 del kept[next(iter(kept))]
+        if tokens[8 if len(tokens) == 9 else 10] == "0":
+            self._ends[message.subject] = (after, self._trips())
         return seq
 
     def _held(self, subject: str, offset: int, count: int) -> bytes | None:

@@ -30,13 +30,12 @@ class Loop:
         import nats
 
         from ralph_mail.store.nats.auth import login
-        from ralph_mail.store.nats.wire import address
+        from ralph_mail.store.nats.wire import addresses, servers
 
-        self.url, where = url, address(url)
-        user, password = login(where.user, where.password)  # (or RALPH_NATS_CREDS's)
+        self.url, wheres = url, addresses(url)
+        user, password = login(wheres[0].user, wheres[0].password)  # (or RALPH_NATS_CREDS's)
         logged = {"user": user, "password": password} if password is not None else {}
-        # A quick look first: nats-py retries a dead server forever.
-        socket.create_connection((where.host, where.port), 3).close()
+        self._look(wheres)  # a quick look first: nats-py retries a dead server forever
         self.loop = asyncio.new_event_loop()
         thread = threading.Thread(target=self.loop.run_forever, name="ralph-nats", daemon=True)
         thread.start()
@@ -55,11 +54,24 @@ class Loop:
         self.refused = ""  # the last publish the server refused (see `quiet`)
         self.pushed: set[Keys] = set()  # the process's watches on this connection
         self._restarts: set[asyncio.Future[None]] = set()
-        connecting = nats.connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.2,
+        connecting = nats.connect(servers=servers(url), dont_randomize=True,  # (as the wire)
+                                  max_reconnect_attempts=-1, reconnect_time_wait=0.2,
                                   connect_timeout=5, error_cb=quiet,
                                   reconnected_cb=reconnected, **logged)  # fmt: skip
         self.nc: Any = self.run(connecting)
         self.js: Any = self.nc.jetstream(timeout=REQUEST_S)
+
+    @staticmethod
+    def _look(wheres: list[Any]) -> None:
+        """Return when one of the servers (a cluster's) accepts a connection; raise
+        what the last one said when none does."""
+        for at, where in enumerate(wheres):
+            try:
+                socket.create_connection((where.host, where.port), 3).close()
+                return
+            except OSError:
+                if at == len(wheres) - 1:
+                    raise
 
     @classmethod
     def of(cls, url: str) -> Loop:
@@ -106,9 +118,13 @@ class Keys:
     change. Cursors and rates, written at every read and contact, are not watched. An
     ephemeral consumer of ours (memory, no acks) pushing to a subscription of ours;
     started again after a reconnect (a restarted server forgot it), which delivers the
-    last of each again."""
+    last of each again. On a cluster the consumer lives on one server, which can die
+    while this connection, to another, lives on: the server sends a heartbeat every
+    `HEARTBEAT_S` when it has nothing else to send, and a watch that heard nothing for
+    three of them is started again."""
 
     WATCHED: Final = ("presence", "claim", "state", "base")
+    HEARTBEAT_S: Final = 2.0
 
     def __init__(self, link: Loop, bucket: str) -> None:
         self._link, self._stream = link, f"KV_{bucket}"
@@ -117,6 +133,8 @@ class Keys:
         self._consumer = ""
         self.values: dict[str, tuple[bytes, int] | None] = {}
         self.ready = threading.Event()
+        self._heard = 0.0  # when the server last sent something (the loop's time)
+        self._guard: asyncio.Future[None] | None = None
 
     async def start(self) -> None:
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -127,12 +145,25 @@ class Keys:
         config = ConsumerConfig(deliver_subject=deliver, filter_subjects=watched,
                                 deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
                                 ack_policy=AckPolicy.NONE, mem_storage=True, num_replicas=1,
-                                inactive_threshold=60.0)  # fmt: skip
+                                inactive_threshold=60.0,
+                                idle_heartbeat=self.HEARTBEAT_S)  # fmt: skip
         info = await self._link.js.add_consumer(self._stream, config=config)
         self._consumer = info.name
         self._link.pushed.add(self)
+        self._heard = asyncio.get_running_loop().time()
+        if self._guard is None:
+            self._guard = asyncio.ensure_future(self._watch_the_watch())
         if not info.num_pending:
             self.ready.set()
+
+    async def _watch_the_watch(self) -> None:
+        """Start the watch again when the server went silent (see the class docstring)."""
+        loop = asyncio.get_running_loop()
+        while self in self._link.pushed:
+            await asyncio.sleep(self.HEARTBEAT_S)
+            if loop.time() - self._heard > 3 * self.HEARTBEAT_S and self._sub is not None:
+                await self.restart()
+        self._guard = None
 
     async def stop(self) -> None:
         self._link.pushed.discard(self)
@@ -158,6 +189,9 @@ class Keys:
                 await asyncio.sleep(0.2)
 
     async def _take(self, msg: Any) -> None:
+        self._heard = asyncio.get_running_loop().time()
+        if msg.headers and msg.headers.get("Status") == "100":
+            return  # a heartbeat
         key, meta = msg.subject[len(self._prefix) :], msg.metadata
         operation = msg.headers.get("KV-Operation") if msg.headers else None
         known = self.values.get(key)

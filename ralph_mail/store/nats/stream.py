@@ -49,8 +49,28 @@ def lease_s() -> float:
         return LEASE_S
 
 
+#: How many servers of a cluster keep each team's stream and bucket, by default: one
+#: (a single server). ``RALPH_NATS_REPLICAS`` sets it (1 to 5) when a team is created.
+REPLICAS: Final = 1
+
+
+def replicas() -> int:
+    """The replicas a team created now gets: ``$RALPH_NATS_REPLICAS``, else `REPLICAS`;
+    `StoreError` naming a value that is no count from 1 to 5 (JetStream's bounds)."""
+    raw = os.environ.get("RALPH_NATS_REPLICAS", "").strip()
+    if not raw:
+        return REPLICAS
+    if not (raw.isascii() and raw.isdigit() and 1 <= int(raw) <= 5):
+        raise StoreError(f"invalid RALPH_NATS_REPLICAS={raw!r}: give how many servers of "
+                         "the cluster keep each team, 1 to 5 (3 for a 3-node cluster)")  # fmt: skip
+    return int(raw)
+
+
 #: How long a waiter's consumer lives on the server without a pull (s).
 PULL_IDLE_S: Final = 60.0
+#: How long one pull of a waiter lasts at most (s): a wait longer than this pulls again,
+#: so that one whose consumer's server died is not left waiting for its answer.
+PULL_MAX_S: Final = 5.0
 #: How often a wait that may be stopped (an MCP call cancelled) looks at its stop (s).
 PULL_STOP_S: Final = 0.1
 #: Lines pulled by waiters kept for the reads that follow, a subject (see `_pulled`).
@@ -122,6 +142,12 @@ class TeamStream:
         from ralph_mail.store.nats.push import Loop
 
         return Loop.of(self.url)
+
+    def _trips(self) -> tuple[int, int]:
+        """Which connection this thread has, and how many requests it made so far: the
+        same after a request when it was this thread's last round trip."""
+        wire = Wire.for_thread(self.url)
+        return id(wire), wire.asked
 
     def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
         try:

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ralph_mail.errors import StoreError
-from ralph_mail.store.nats.stream import PULL_IDLE_S, PULL_STOP_S
-from ralph_mail.store.nats.wire import REQUEST_S
+from ralph_mail.store.nats.stream import PULL_IDLE_S, PULL_MAX_S, PULL_STOP_S
+from ralph_mail.store.nats.wire import TRY_S
 
 if TYPE_CHECKING:
     from ralph_mail.store.base import StopEvent
@@ -25,7 +25,11 @@ class Waiter:
     holds the pull until a line is stored or the wait is over, so nothing polls and no
     other thread has to pass the news on; the line pulled is kept for the read that
     follows. A consumer the server forgot (restarted; idle past `PULL_IDLE_S`) is made
-    again, and the wait returns for a read of what came meanwhile."""
+    again, and the wait returns for a read of what came meanwhile. On a cluster the
+    consumer lives on one server: one killed takes it along, and the pull is answered by
+    no one (no responders, or nothing), so a pull lasts `PULL_MAX_S` at most and its
+    answer is awaited a little longer; then the consumer is made again, from the
+    stream sequence after the last line pulled."""
 
     def __init__(self, store: Logs, subjects: list[str]) -> None:
         self._store, self._subjects = store, subjects
@@ -57,11 +61,13 @@ class Waiter:
             left = deadline - time.monotonic()
             if left <= 0 or (stop is not None and stop.is_set()):
                 return False
-            step = max(0.001, min(left, PULL_STOP_S) if stop is not None else left)
+            step = max(0.001, min(left, PULL_STOP_S if stop is not None else PULL_MAX_S))
             pull = orjson.dumps({"batch": 1, "expires": int(step * 1e9)})
             try:
+                if not self._name:  # (a server that did not answer the last making)
+                    self._make()
                 got = self._store._ask(f"$JS.API.CONSUMER.MSG.NEXT.{self._store.stream}."
-                                       f"{self._name}", pull, timeout=step + REQUEST_S,
+                                       f"{self._name}", pull, timeout=step + 2 * TRY_S,
                                        pull=True)[0]  # fmt: skip
             except StoreError:
                 self._name = ""  # (made again below, once the server answers)

@@ -12,6 +12,11 @@ A request that cannot be sent (no server yet, a reconnect) is tried again until 
 deadline, or for as long as the process is patient (`ralph_mail.store.outage`); one that
 was sent and met a broken connection is not (it may have been stored): it raises, as a
 timeout would. A login the server refuses is said at once, and never tried again.
+
+A URL may name a cluster's servers, comma separated (`servers`): a connection goes to
+the first that answers, and a new one, after one broke, to the next first. A request
+that may be sent twice (a read; a publish, which carries a ``Nats-Msg-Id`` the stream
+deduplicates) is sent again over it; one that may not is not.
 """
 
 from __future__ import annotations
@@ -122,8 +127,41 @@ def address(url: str) -> Address:
     return Address(where.hostname, port or 4222, where.scheme == "tls", user, password)
 
 
+def servers(url: str) -> list[str]:
+    """The servers a backend URL names, one URL each: a cluster's are given comma
+    separated, ``nats://h1:4222,nats://h2:4222`` or ``nats://h1:4222,h2:4222`` (a server
+    without a scheme or a login takes the first one's); `ValueError` saying what is
+    wrong and the fix, for an empty one."""
+    parts = [part.strip() for part in url.split(",")]
+    if len(parts) == 1:
+        return parts
+    if not all(parts):
+        raise ValueError(f"invalid NATS URL {redacted(url)!r}: an empty server between "
+                         "commas; use nats://HOST:PORT,HOST:PORT,...")  # fmt: skip
+    scheme, _, rest = parts[0].partition("://")
+    login = rest.partition("/")[0].rpartition("@")[0]
+    found = [parts[0]]
+    for part in parts[1:]:
+        if "://" not in part:
+            part = f"{scheme}://{part}"
+        kind, _, place = part.partition("://")
+        if login and "@" not in place.partition("/")[0]:
+            part = f"{kind}://{login}@{place}"
+        found.append(part)
+    return found
+
+
+def addresses(url: str) -> list[Address]:
+    """`address` of each of the servers ``url`` names (`servers`)."""
+    return [address(server) for server in servers(url)]
+
+
 def redacted(url: str) -> str:
-    """``url`` fit to be shown: a password (or a token) in it as ``***``."""
+    """``url`` fit to be shown: a password (or a token) in it as ``***`` (in each of the
+    servers it names)."""
+    if "," in url:  # (a server given without its scheme, shown as if it had one)
+        return ",".join(redacted(part) if "://" in part or not part.strip()
+                        else redacted(f"nats://{part}")[7:] for part in url.split(","))  # fmt: skip
     try:
         where = urlsplit(url)
     except ValueError:
@@ -148,6 +186,7 @@ class Wire:
         self._sock: socket.socket | None = None
         self._buf = b""
         self._asked = 0
+        self._at = 0  # which of a cluster's servers (see `servers`) to try first
         self._inbox = f"_INBOX.{os.urandom(8).hex()}"
         self.max_payload = 1 << 20  # what the server says when it is reached
         self.jetstream = True  # whether it says JetStream is on (its INFO's "jetstream")
@@ -165,25 +204,40 @@ class Wire:
 
     def _connect(self, deadline: float) -> None:
         """Connect, and try again until ``deadline`` when this process reached the
-        server before (it is restarting); at once, the first time (nothing there)."""
+        server before (it is restarting); at once, the first time (nothing there). Of
+        a cluster's servers (see `servers`), the first that answers, starting with the
+        one after the last that broke."""
         try:
-            where = address(self.url)
+            wheres = addresses(self.url)
         except ValueError as exc:
             raise NeverReached(str(exc)) from None
-        host, port = where.host, where.port
         tries = Tries(deadline, f"the NATS server at {self.shown}")
         while True:
-            try:
-                sock = socket.create_connection((host, port), max(0.1, deadline - time.monotonic()))
-                break
-            except OSError as exc:
-                if (os.getpid(), self.url) not in Wire._reached:
-                    raise NeverReached(
-                        f"cannot reach the NATS server at {self.shown} ({exc}): start it "
-                        "(nats-server -js) or check RALPH_BACKEND"
-                    ) from None
-                if not tries.again(str(exc)):
-                    raise Unreachable(f"cannot reach {host}:{port} ({exc})") from None
+            why = ""
+            for step in range(len(wheres)):
+                at = (self._at + step) % len(wheres)
+                where = wheres[at]
+                left = max(0.1, deadline - time.monotonic())
+                if len(wheres) > 1:  # (a server that hangs leaves time for the others)
+                    left = min(left, _HANDSHAKE_S)
+                try:
+                    sock = socket.create_connection((where.host, where.port), left)
+                except OSError as exc:
+                    why = f"{why}; " * bool(why) + f"{where.host}:{where.port}: {exc}"
+                    continue
+                self._at = at
+                self._open(sock, where, deadline)
+                return
+            if (os.getpid(), self.url) not in Wire._reached:
+                raise NeverReached(
+                    f"cannot reach the NATS server at {self.shown} ({why}): start it "
+                    "(nats-server -js) or check RALPH_BACKEND"
+                ) from None
+            if not tries.again(why):
+                raise Unreachable(f"cannot reach {self.shown} ({why})") from None
+
+    def _open(self, sock: socket.socket, where: Address, deadline: float) -> None:
+        """The greeting over ``sock``, just connected to ``where``."""
         deadline = max(deadline, time.monotonic() + _HANDSHAKE_S)  # (patient: past it)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock, self._buf = sock, b""
@@ -193,7 +247,7 @@ class Wire:
             raise
         except OSError as exc:  # closed, reset, TLS refused: as a connection that broke
             self.close()
-            raise WireError(f"{host}:{port} closed the connection ({exc})") from None
+            raise WireError(f"{where.host}:{where.port} closed the connection ({exc})") from None
 
     def _greet(self, where: Address, deadline: float) -> None:
         """INFO, CONNECT (and TLS first, when asked), PING: PONG, or why not."""
@@ -250,7 +304,9 @@ class Wire:
             return False
 
     def close(self) -> None:
+        """Close the connection; the next one tries a cluster's next server first."""
         if self._sock is not None:
+            self._at += 1  # (a server that broke a connection may be gone)
             try:
                 self._sock.close()
             finally:
@@ -336,6 +392,11 @@ class Wire:
             self.close()
             raise WireError(f"lost the connection to {self.shown} ({exc})") from None
         return [found[reply] for reply in replies]
+
+    @property
+    def asked(self) -> int:
+        """How many requests this connection has sent (each of a `many` counted)."""
+        return self._asked
 
     def _reply(self) -> bytes:
         self._asked += 1
