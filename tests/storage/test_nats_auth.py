@@ -175,10 +175,11 @@ def test_the_server_refuses_a_raw_publish_into_a_denied_inbox(secured: Secured) 
 
 
 def test_a_member_may_not_rewrite_what_is_not_its_own(secured: Secured) -> None:
-    """The policy, another member's cursor, claim, presence or commit times, a team's
-    stream: refused by the server to archive's raw client."""
+    """The policy, the roster (its public keys), another member's cursor, claim,
+    presence or commit times, a team's stream: refused by the server to archive's raw
+    client."""
     kv, stream = f"$KV.RALPH_{TEAM.encode().hex()}", f"RALPH_{TEAM.encode().hex()}"
-    subjects = [f"{kv}.state.policy", f"{kv}.cursor.writer", f"{kv}.claim.writer",
+    subjects = [f"{kv}.state.policy", f"{kv}.roster", f"{kv}.cursor.writer", f"{kv}.claim.writer",
                 f"{kv}.presence.writer", f"{PREFIX}.ct.writer",
                 f"$JS.API.STREAM.PURGE.{stream}", f"$JS.API.STREAM.DELETE.{stream}",
                 f"$JS.API.STREAM.MSG.DELETE.{stream}", f"$JS.API.CONSUMER.DURABLE.CREATE."

@@ -12,7 +12,8 @@ set the policy); every other agent's may publish only to:
 * the team's channels, team logs (the task log, approvals, dead letters) and indexes
   (``ch.>``, ``tl.>``, ``ix.>``), and its own commit times (``ct.<agent>``);
 * its own presence, claim and cursor keys (and its cursors of the channels the caller
-  names), and the shared keys: state (but the policy), rates, logs, the roster;
+  names), and the shared keys: state (but the policy), rates, logs (not the roster,
+  which holds the public keys that signatures are checked against: the lead's);
 * the JetStream API calls the store makes: reads (``DIRECT.GET``, ``STREAM.MSG.GET`` of
   the bucket, ``STREAM.INFO``, ``STREAM.NAMES``, ``INFO``), ephemeral consumers (made,
   pulled, deleted), never a stream's creation, purge, deletion or a message's removal;
@@ -117,7 +118,10 @@ def agent_permissions(
     own = [agent, *sorted(set(cursors))]
     publish += [f"{kv}.{kind}.{kv_key(agent)}" for kind in ("presence", "claim")]
     publish += [f"{kv}.cursor.{kv_key(name)}" for name in own]
-    publish += [f"{kv}.state.>", f"{kv}.rate.>", f"{kv}.log.>", f"{kv}.roster"]
+    # Not the roster: it holds the members' public keys, which a member able to write
+    # it could swap to sign as another (a member's first key is published before the
+    # block is written, or by the lead).
+    publish += [f"{kv}.state.>", f"{kv}.rate.>", f"{kv}.log.>"]
     publish += [f"{api}.INFO", f"{api}.STREAM.NAMES", f"{api}.STREAM.INFO.{stream}",
                 f"{api}.STREAM.INFO.KV_{stream}", f"{api}.STREAM.MSG.GET.KV_{stream}",
                 f"{api}.DIRECT.GET.{stream}", f"{api}.DIRECT.GET.{stream}.>"]  # fmt: skip
