@@ -73,6 +73,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "run": ("responder",),
     "usage": ("costs",),
     "completion": ("completion",),
+    "keys": ("keys",),
 }
 
 
@@ -85,6 +86,7 @@ def full_app() -> Group:
         costs,
         faces,
         governance,
+        keys,
         lead,
         mail,
         maintenance,

@@ -69,6 +69,8 @@ class Consuming:
 
         def _before_read(self) -> None: ...
 
+        def _trust(self, messages: list[Message | str], signed: bool) -> bool: ...
+
     # -- reading ------------------------------------------------------------------------
 
     def _load(self) -> Cursor:
@@ -136,6 +138,7 @@ class Consuming:
             gc.disable()
         try:
             messages, clean = decode_lines(lines)
+            clean = self._trust(messages, b'"sig":"' in data) and clean
             if clean and not cursor.acked and not starts:
                 self._pending.extend(zip(repeat(-1), messages))  # type: ignore[arg-type]
                 self._scanned = offset + len(data)
@@ -274,6 +277,9 @@ class Consuming:
             >>> bus.hand_on(bus.peek(), lambda m: print(m.content))   # doctest: +SKIP
         """
         if not messages:
+            with self._lock:  # only set-aside lines were read: past them, never again
+                if not self._pending and self._scanned > self._load().floor:
+                    self._save(self._scanned)
             return
         with self._lock:
             mark = self._mark()
@@ -447,7 +453,9 @@ class Consuming:
         while True:
             data, offset = self._store.read(self.agent, offset, skip_collected=True)
             if data:
-                for message in decode_lines(data.split(b"\n")[:-1])[0]:
+                found = decode_lines(data.split(b"\n")[:-1])[0]
+                self._trust(found, b'"sig":"' in data)  # (an answer refused is set aside by the read)
+                for message in found:
                     if (
                         isinstance(message, Message)
                         and message.reply_to == request_id

@@ -297,6 +297,7 @@ class Channels:
         bus.gate.check_post(channel.name, mentioned if trigger else [])
         metadata = {"mentions": ",".join(mentioned)} if mentioned else None
         envelope = bus.envelope(f"#{channel.name}", MessageType.TEXT, text, metadata, reply_to)
+        bus.seal(envelope)
         head, tail = encode_parts(envelope, bus.max_message_bytes)
         envelope["ts"], offset = self._store.append(f"#{channel.name}", head, tail)
         post = from_envelope(envelope)
@@ -339,6 +340,7 @@ class Channels:
                 return found, offset
             lines = data.split(b"\n")[:-1]
             decoded, _ = decode_lines(lines)
+            self._bus._trust(decoded, b'"sig":"' in data)  # a post refused (require_signed) is set aside
             at = start
             for line, post in zip(lines, decoded, strict=True):
                 at += len(line) + 1
