@@ -187,7 +187,8 @@ def required(team: Team, sender: str) -> bool:
 def verify(messages: Iterable[Message], team: Team, *, require: bool = False) -> None:
     """Set `Message.verified` on each of ``messages`` against ``team``'s roster keys; an
     unsigned one from a sender with a key (or any, with ``require``) is marked as such
-    for the human output (`ralph_mail.cli.render.seal`). Imports ``cryptography`` only for a signed message."""
+    for the human output (`ralph_mail.cli.render.seal`). Imports ``cryptography`` only
+    for a signed message."""
     keys = {member.name: member.key for member in team.members}
     for message in messages:
         fields = message.__dict__

@@ -171,8 +171,10 @@ class Gate:
             where = f"'ralph-mail keys publish --agent {box.agent}'"
             team = f"team {box.team.name!r} requires signed messages and"
             if published is None:
-                raise PermissionDenied(f"{team} its roster has no public key for {box.agent}: "
-                                       f"publish the one at {signer.path} with {where}")  # fmt: skip
+                raise PermissionDenied(
+                    f"{team} its roster has no public key for {box.agent}: publish the one "
+                    f"at {signer.path} with {where}"
+                )
             raise PermissionDenied(
                 f"{team} the key at {signer.path} is not the one its roster has for "
                 f"{box.agent}: publish it with {where} (replacing a key is the lead's act)"

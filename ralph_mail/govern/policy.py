@@ -249,9 +249,7 @@ def parse(raw: bytes) -> Policy:
         raise InvalidMessage("it is not a JSON object")
     unknown = sorted(set(document) - _TOP_KEYS)
     if unknown:
-        raise InvalidMessage(
-            f"unknown key {unknown[0]!r} (known: {', '.join(sorted(_TOP_KEYS))})"
-        )
+        raise InvalidMessage(f"unknown key {unknown[0]!r} (known: {', '.join(sorted(_TOP_KEYS))})")
     if document.get("version", 1) != 1:
         raise InvalidMessage(f"unknown version {document['version']!r} (this is 1)")
     rules = document.get("rules", [])

@@ -454,7 +454,7 @@ class Consuming:
             data, offset = self._store.read(self.agent, offset, skip_collected=True)
             if data:
                 found = decode_lines(data.split(b"\n")[:-1])[0]
-                self._trust(found, b'"sig":"' in data)  # (an answer refused is set aside by the read)
+                self._trust(found, b'"sig":"' in data)  # one refused: set aside by the read
                 for message in found:
                     if (
                         isinstance(message, Message)

@@ -340,7 +340,7 @@ class Channels:
                 return found, offset
             lines = data.split(b"\n")[:-1]
             decoded, _ = decode_lines(lines)
-            self._bus._trust(decoded, b'"sig":"' in data)  # a post refused (require_signed) is set aside
+            self._bus._trust(decoded, b'"sig":"' in data)  # refused posts: set aside, below
             at = start
             for line, post in zip(lines, decoded, strict=True):
                 at += len(line) + 1
