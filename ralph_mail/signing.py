@@ -92,9 +92,10 @@ def _raw_public(public: str) -> bytes:
 def generate() -> tuple[bytes, str]:
     """A new key pair: the private key as PEM (PKCS#8) and the public key as the roster
     keeps it."""
+    ed25519 = _ed25519()  # (first: says how to install it)
     from cryptography.hazmat.primitives import serialization
 
-    key = _ed25519().Ed25519PrivateKey.generate()
+    key = ed25519.Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())  # fmt: skip
     return pem, _public_of(key)
