@@ -82,6 +82,7 @@ class Mailbox:
 
     def __init__(self, team: str, agent: str, home: str | os.PathLike[str] | None = None) -> None:
         self.bus = MessageBus(team, agent, home, default_rate=10)
+        self.bus.signer().public()  # the key, read at start by this process, never shown
         self._lock = threading.RLock()
         self._seen: OrderedDict[str, Message] = OrderedDict()  # delivered, by id
         self._shown: OrderedDict[str, Message] = OrderedDict()  # read in a channel or history

@@ -408,8 +408,11 @@ class Mailbox(Consuming):
 
     # -- signatures -------------------------------------------------------------------------
 
-    def signer(self) -> Signer:
-        """What signs my agent's messages (its key file is read on the first use)."""
+    def signer(self, shared: Signer | None = None) -> Signer:
+        """What signs my agent's messages (its key file is read on the first use);
+        ``shared``: use that one from now on (a process's buses read the key once)."""
+        if shared is not None:
+            self._signer = shared
         if self._signer is None:
             from ralph_mail.signing import Signer
 
