@@ -65,9 +65,12 @@ def canonical(envelope: Mapping[str, Any]) -> bytes:
 
 
 def _sorted(value: Any) -> Any:
-    if isinstance(value, Mapping):
+    kind = type(value)  # (type checks first: an envelope is mostly strings)
+    if kind is str or kind is bool or kind is int or value is None:
+        return value
+    if kind is dict or isinstance(value, Mapping):
         return {key: _sorted(value[key]) for key in sorted(value)}
-    if isinstance(value, list | tuple):
+    if kind is list or kind is tuple:
         return [_sorted(item) for item in value]
     return value
 
