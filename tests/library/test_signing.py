@@ -148,3 +148,18 @@ def test_a_team_without_keys_never_imports_cryptography(team: Team) -> None:
                          timeout=60)  # fmt: skip
     assert run.stdout.strip() == b"True", run.stderr
     assert os.environ.get("RALPH_KEYS") is None
+
+
+def test_the_canonical_bytes_are_sorted_compact_json_without_sig_and_ts() -> None:
+    """`canonical` is the bytes of json.dumps(sort_keys, compact, non-ASCII as is) of
+    the envelope less sig and ts, at every level."""
+    import json
+
+    from ralph_mail.signing import canonical
+
+    envelope = {"to": "b", "from": "a", "content": "héllo \"q\" \n ☃", "ts": "x", "sig": "y",
+                "metadata": {"z": "1", "a": "é"}, "chain": ["b", "a"], "ack": True,
+                "kid": "0011"}  # fmt: skip
+    kept = {k: v for k, v in envelope.items() if k not in ("sig", "ts")}
+    expected = json.dumps(kept, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert canonical(envelope) == expected.encode()
