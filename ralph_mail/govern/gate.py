@@ -140,11 +140,13 @@ class Gate:
             )
 
     def requires_signed(self) -> bool:
-        """Whether the policy requires signed messages (a broken policy: yes)."""
+        """Whether the policy requires signed messages, for a reader. A broken policy
+        does not: it would set every line aside, and whoever can break the policy can
+        turn the setting off as well (the writer's Gate refuses contact meanwhile)."""
         try:
             return self.policy().require_signed
         except PermissionDenied:
-            return True
+            return False
 
     def _require_key(self) -> None:
         """`PermissionDenied` when the team requires signed messages and my agent has no

@@ -273,13 +273,13 @@ def parse(raw: bytes) -> Policy:
 
 
 def requires_signed(store: TeamStore) -> bool:
-    """Whether ``store``'s team requires signed messages; a policy that cannot be read
-    counts as requiring them (it fails closed, as the Gate does)."""
+    """Whether ``store``'s team requires signed messages (a policy that cannot be read
+    does not: see `Gate.requires_signed`)."""
     try:
         raw = store.load_state(KEY)
         return raw is not None and parse(raw).require_signed
     except MailError:
-        return True
+        return False
 
 
 def _budget(item: object, who: str) -> Budget:
