@@ -22,8 +22,6 @@ meets a signed message: a team without keys never imports it.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import os
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
@@ -77,10 +75,14 @@ def _sorted(value: Any) -> Any:
 
 def kid(public: str) -> str:
     """The short id of a roster key (``ed25519:...``): 16 hex digits of its SHA-256."""
+    import hashlib  # (here: a send in a team without keys imports neither)
+
     return hashlib.sha256(_raw_public(public)).hexdigest()[:16]
 
 
 def _raw_public(public: str) -> bytes:
+    import base64
+
     if not public.startswith(PREFIX):
         raise MailError(f"invalid public key {public!r}: expected {PREFIX}BASE64")
     try:
@@ -105,6 +107,8 @@ def generate() -> tuple[bytes, str]:
 
 
 def _public_of(key: Any) -> str:
+    import base64
+
     from cryptography.hazmat.primitives import serialization
 
     raw = key.public_key().public_bytes(serialization.Encoding.Raw,
@@ -157,6 +161,8 @@ class Signer:
         self._load()
         if self._key is None:
             return False
+        import base64
+
         envelope.pop("sig", None)
         envelope["kid"] = self._kid
         envelope["sig"] = base64.b64encode(self._key.sign(canonical(envelope))).decode()
@@ -172,6 +178,8 @@ def check(envelope: Mapping[str, Any], public: str | None) -> bool:
     """Whether ``envelope``'s ``sig`` is its canonical bytes signed by ``public``'s key
     (and its ``kid`` names that key). `MailError` only when ``cryptography`` is missing:
     a reader that cannot check says so, it does not guess."""
+    import base64
+
     _ed25519()
     sig = envelope.get("sig")
     try:
