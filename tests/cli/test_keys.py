@@ -113,3 +113,19 @@ def test_a_missing_cryptography_is_one_line_and_exit_2(team: Team) -> None:
                            "lead"], capture_output=True, env=cli_env(team.home),
                           timeout=BOUND_S)  # fmt: skip
     assert sent.returncode == 0, sent.stderr
+
+
+def test_a_set_aside_line_alone_is_set_aside_once(team: Team) -> None:
+    """An inbox holding only a line the reader refuses: the first read sets it aside
+    and moves past it; later reads and waits find nothing and record it no more."""
+    ralph(team.home, "policy", "require-signed", "on", *DEMO, "--agent", "lead")
+    line = (
+        b'{"id":"0123456789ab","from":"lead","to":"worker-1","type":"text","content":"x",'
+        b'"metadata":{},"ts":"2026-01-01T00:00:00.000000Z"}\n'
+    )
+    inbox(team, "worker-1").write_bytes(line)
+    for args in (["read"], ["read"], ["wait", "--timeout", "0"]):
+        done = ralph(team.home, *args, *DEMO, "--agent", "worker-1")
+        assert done.stdout == b"" and done.returncode in (0, 1), done.stderr
+    dead = team.home / "teams" / "demo" / "deadletters" / "worker-1.jsonl"
+    assert len(dead.read_bytes().splitlines()) == 1
