@@ -162,6 +162,15 @@ class Message:
 PRIORITIES = ("low", "normal", "high", "urgent")
 VISIBILITIES = ("internal", "user_visible", "user_redacted")
 _OPTIONAL = ("thread", "priority", "ack", "visibility", "chain", "sig", "kid")
+_KID = re.compile(r"[0-9a-f]{16}")
+
+
+def may_be_signed(data: bytes) -> bool:
+    """Whether a line of ``data`` may carry a signature: a ``sig`` is 64 bytes in
+    base64, so it ends in ``==`` (a line whose ``sig`` does not is set aside), and an
+    ``=`` is found at memchr's speed, where a search for ``"sig":"`` costs a reader
+    about 0.1 ms per 1,000 lines."""
+    return b"=" in data
 
 
 def check_name(name: object, what: str = "name") -> str:
@@ -429,7 +438,8 @@ def _check_optional(key: str, value: Any) -> Any:
         or (key == "ack" and type(value) is bool)
         or (key == "visibility" and value in VISIBILITIES)
         or (key == "chain" and type(value) is list and all(type(v) is str for v in value))
-        or (key in ("sig", "kid") and type(value) is str)
+        or (key == "sig" and type(value) is str and len(value) == 88 and value[-2:] == "==")
+        or (key == "kid" and type(value) is str and _KID.fullmatch(value) is not None)
     )
     if not good:
         raise InvalidMessage(f"bad value for key {key!r}: {value!r}")

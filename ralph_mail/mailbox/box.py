@@ -430,7 +430,7 @@ class Mailbox(Consuming):
     def _trust(self, messages: Sequence[Message | str], signed: bool, *,
                refuse: bool = True) -> bool:  # fmt: skip
         """Check the signatures of ``messages`` (``signed``: one of them may carry a
-        signature, ``b'"sig":"' in data``), setting
+        signature, `may_be_signed`), setting
         `Message.verified`; under ``require_signed`` (and ``refuse``: ``messages`` is then
         a list) put in place of each message not signed by its sender's roster key why
         it is set aside. Return whether none was. Costs a look at the policy (cached)

@@ -22,7 +22,7 @@ from itertools import accumulate, repeat
 from typing import TYPE_CHECKING, TypeVar
 
 from ralph_mail.errors import InboxBusy, InvalidMessage, LockTimeout, MailError
-from ralph_mail.message import Message, MessageType, check_type, decode_lines
+from ralph_mail.message import Message, MessageType, check_type, decode_lines, may_be_signed
 from ralph_mail.settings import WATCH_SAFETY_POLL_S, safety_poll
 from ralph_mail.store.base import Cursor, StopEvent, TeamStore, Waiter
 
@@ -138,7 +138,7 @@ class Consuming:
             gc.disable()
         try:
             messages, clean = decode_lines(lines)
-            clean = self._trust(messages, b'"sig":"' in data) and clean
+            clean = self._trust(messages, may_be_signed(data)) and clean
             if clean and not cursor.acked and not starts:
                 self._pending.extend(zip(repeat(-1), messages))  # type: ignore[arg-type]
                 self._scanned = offset + len(data)
@@ -454,7 +454,7 @@ class Consuming:
             data, offset = self._store.read(self.agent, offset, skip_collected=True)
             if data:
                 found = decode_lines(data.split(b"\n")[:-1])[0]
-                self._trust(found, b'"sig":"' in data)  # one refused: set aside by the read
+                self._trust(found, may_be_signed(data))  # one refused: set aside by the read
                 for message in found:
                     if (
                         isinstance(message, Message)

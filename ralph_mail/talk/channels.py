@@ -41,6 +41,7 @@ from ralph_mail.message import (
     encode_parts,
     format_ts,
     from_envelope,
+    may_be_signed,
     parse_ts,
 )
 from ralph_mail.store.base import Cursor
@@ -340,7 +341,7 @@ class Channels:
                 return found, offset
             lines = data.split(b"\n")[:-1]
             decoded, _ = decode_lines(lines)
-            self._bus._trust(decoded, b'"sig":"' in data)  # refused posts: set aside, below
+            self._bus._trust(decoded, may_be_signed(data))  # refused posts: set aside, below
             at = start
             for line, post in zip(lines, decoded, strict=True):
                 at += len(line) + 1

@@ -24,6 +24,7 @@ from ralph_mail.message import (
     check_type,
     decode_lines,
     format_ts,
+    may_be_signed,
 )
 from ralph_mail.settings import safety_poll
 from ralph_mail.store.base import StopEvent
@@ -149,7 +150,7 @@ class History:
                     continue
                 self._broadcasts_seen.add(message.id)
             messages.append(message)
-        self._verify(messages, any(b'"sig":"' in line for line in lines))
+        self._verify(messages, any(may_be_signed(line) for line in lines))
         return messages
 
     def _verify(self, messages: list[Message], signed: bool) -> None:

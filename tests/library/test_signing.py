@@ -163,3 +163,19 @@ def test_the_canonical_bytes_are_sorted_compact_json_without_sig_and_ts() -> Non
     kept = {k: v for k, v in envelope.items() if k not in ("sig", "ts")}
     expected = json.dumps(kept, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     assert canonical(envelope) == expected.encode()
+
+
+def test_a_malformed_sig_or_kid_is_set_aside(team: Team) -> None:
+    """A line whose sig is not 64 bytes of base64, or whose kid is not 16 hex digits, is
+    not a message (so any signed line has an '=' for the readers' quick look)."""
+    from ralph_mail import InvalidMessage
+    from ralph_mail.message import decode
+
+    base = (b'{"id":"0123456789ab","from":"lead","to":"worker-1","type":"text","content":"x",'
+            b'"metadata":{},"ts":"2026-01-01T00:00:00.000000Z"')  # fmt: skip
+    good_sig = "A" * 86 + "=="
+    assert decode(base + b',"kid":"00112233445566ff","sig":"' + good_sig.encode() + b'"}')
+    for tail in (b',"kid":"00112233445566ff","sig":"abc"}', b',"kid":"x","sig":"' +
+                 good_sig.encode() + b'"}'):  # fmt: skip
+        with pytest.raises(InvalidMessage, match="bad value for key"):
+            decode(base + tail)
