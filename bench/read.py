@@ -19,7 +19,17 @@ from typing import Any, Final
 
 import orjson
 
-from bench.common import Row, Section, Sizes, Workspace, interleave, ralph
+from bench.common import (
+    CONTENT,
+    METADATA,
+    Row,
+    Section,
+    Sizes,
+    Workspace,
+    interleave,
+    optional_module,
+    ralph,
+)
 from bench.send import guarded
 
 #: New messages per small poll behind a backlog.
@@ -112,9 +122,41 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
             guarded(nogc, partial(raw_n, n, True)),
             guarded(poll, poll_n),
         ]
+    _signed(sec, cases, ws, min(sizes.read_sizes), ralph_status)
     interleave(sizes.reps, cases)
     _backlogs(sec, sizes, ws, ralph_status)
     return sec
+
+
+def _signed(sec: Section, cases: list[Callable[[], None]], ws: Workspace, n: int,
+            status: str) -> None:  # fmt: skip
+    """A poll of ``n`` messages signed by their sender (Ed25519), each verified against
+    the roster, next to the poll of as many unsigned ones."""
+    crypto = optional_module("cryptography")
+
+    def poll_signed() -> float:
+        from ralph_mail.govern import keys
+
+        reader, sender, _ = _reader(ws, f"signed{n}")
+        try:
+            keys.create(sender)
+            for _ in range(n):
+                sender.send("reader", "text", CONTENT, metadata=METADATA)
+            gc.collect()
+            t0 = time.perf_counter()
+            msgs = reader.poll()
+            dt = time.perf_counter() - t0
+        finally:
+            reader.close()
+            sender.close()
+        if len(msgs) != n or not all(m.verified for m in msgs):
+            raise RuntimeError(f"poll returned {len(msgs)} of {n} verified messages")
+        return dt * 1e3
+
+    row = sec.add(Row(f"signed_poll_{n}", f"ralph_mail poll of {n:,} signed messages, verified",
+                      "ms", "lower", anchor=f"poll_{n}",
+                      status=crypto if isinstance(crypto, str) else status))  # fmt: skip
+    cases.append(guarded(row, poll_signed))
 
 
 def _backlogs(sec: Section, sizes: Sizes, ws: Workspace, status: str) -> None:

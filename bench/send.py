@@ -78,14 +78,21 @@ POLICY_RULES = 100
 POLICY_RATE = 100_000
 
 
-def ralph_send(ws: Workspace, n: int, durable: bool, governed: bool = False) -> float:
+def ralph_send(
+    ws: Workspace, n: int, durable: bool, governed: bool = False, signed: bool = False
+) -> float:
     """ralph_mail's ``bus.send`` in a loop, the way an agent sends (``governed``: under a
-    100-rule policy and a rate limit, which every send checks)."""
+    100-rule policy and a rate limit, which every send checks; ``signed``: the sender
+    has an Ed25519 key, so every envelope is signed)."""
     rm = ralph()
     assert not isinstance(rm, str)
     home = ws.fresh("send")
     rm.create_team("bench", ["sender", "reader"], home=home)
     bus = rm.MessageBus("bench", "sender", home=home, durable=durable)
+    if signed:
+        from ralph_mail.govern import keys
+
+        keys.create(bus)
     if governed:
         from ralph_mail.govern.policy import Policy, Rule
 
@@ -222,6 +229,14 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
         lambda: ralph_send(ws, min(sizes.send_n, POLICY_RATE // 2), False, governed=True),
         "ralph_send",
         ralph_status,
+    )
+    crypto = optional_module("cryptography")
+    add(
+        "ralph_send_signed",
+        "ralph_mail send, signed (Ed25519)",
+        lambda: ralph_send(ws, sizes.send_n, False, signed=True),
+        "ralph_send",
+        crypto if isinstance(crypto, str) else ralph_status,
     )
     add(
         "ralph_send_durable",

@@ -82,6 +82,7 @@ class Mailbox:
 
     def __init__(self, team: str, agent: str, home: str | os.PathLike[str] | None = None) -> None:
         self.bus = MessageBus(team, agent, home, default_rate=10)
+        self.bus.signer().public()  # the key, read at start by this process, never shown
         self._lock = threading.RLock()
         self._seen: OrderedDict[str, Message] = OrderedDict()  # delivered, by id
         self._shown: OrderedDict[str, Message] = OrderedDict()  # read in a channel or history
@@ -320,7 +321,8 @@ def _remember(memory: OrderedDict[str, Message], messages: list[Message]) -> Non
 def line(message: Message) -> str:
     """One message as a line of history: time, id (for reply), who, what."""
     when = message.ts[:16].replace("T", " ")
-    return f"{when} {message.id} [{message.from_agent}] {message.content}"
+    bad = " BAD-SIGNATURE" if message.verified is False else ""
+    return f"{when} {message.id} [{message.from_agent}{bad}] {message.content}"
 
 
 def describe(message: Message) -> str:
@@ -347,6 +349,8 @@ def describe(message: Message) -> str:
                 f"answer with post_to_channel, reply_to {message.reply_to})")  # fmt: skip
     else:
         head = f"{kind} {message.id} from {who}"
+    if message.verified is False:
+        head += f" [BAD SIGNATURE: it may not be from {who}]"
     return f"{head}:\n{message.content}"
 
 

@@ -197,6 +197,7 @@ class Runner:
         self.command = list(command)
         self.jobs, self.timeout, self.history, self.format = jobs, timeout, history, format
         self.bus = MessageBus(team, agent, home, default_rate=10)
+        self.bus.signer().public()  # the key, read here by this process: never by a child
         self.home = str(self.bus.team.home)
         self._children: dict[str, Child] = {}
         # The runs on tasks of the team's log: message id -> (task id, when its lease is
@@ -439,6 +440,7 @@ class Runner:
         if bus is None:
             bus = self._local.bus = MessageBus(self.bus.team.name, self.bus.agent, self.home,
                                                default_rate=10)  # fmt: skip
+            bus.signer(self.bus.signer())
             with self._buses_lock:
                 self._buses.append(bus)
         return bus

@@ -41,6 +41,8 @@ class Member:
             in ``ralph-mail serve``'s page (or a ``reply`` from a terminal).
         remote: the A2A address of an agent elsewhere that this member stands for
             (None: none); ``ralph-mail serve`` passes what is asked of it there.
+        key: the public key its messages are signed with, ``"ed25519:"`` and the raw
+            32 bytes in base64 (None: it signs nothing); see `ralph_mail.signing`.
     """
 
     name: str
@@ -50,6 +52,7 @@ class Member:
     mode: str = "autonomous"
     human: bool = False
     remote: str | None = None
+    key: str | None = None
 
     def to_dict(self) -> dict[str, str | bool]:
         """The member as ``team.json`` keeps it (manager, mode and human only when set)."""
@@ -63,6 +66,8 @@ class Member:
             record["human"] = True
         if self.remote is not None:
             record["remote"] = self.remote
+        if self.key is not None:
+            record["key"] = self.key
         return record
 
 
@@ -213,6 +218,7 @@ def _read_member(record: dict[str, object]) -> Member:
         str(mode),
         record.get("human") is True,
         None if record.get("remote") is None else str(record["remote"]),
+        None if record.get("key") is None else str(record["key"]),
     )
 
 
@@ -253,10 +259,12 @@ def change_roster(
     mode: str | None = None,
     config: Mapping[str, str] | None = None,
     human: bool | None = None,
+    key: str | None = None,
 ) -> None:
     """`update_team` of a team already loaded: check everything, then rewrite the
     roster atomically through its store. ``human``: mark the member a person (True)
-    or a program (False)."""
+    or a program (False); ``key``: its public key (``""`` removes it; who may set it is
+    `ralph_mail.signing.publish`'s to judge)."""
     if mode is not None and mode not in MODES:
         raise InvalidName(f"invalid mode {mode!r}: use one of {', '.join(MODES)}")
     if member is not None:
@@ -265,12 +273,12 @@ def change_roster(
         team.member(manager)
         if manager == member:
             raise InvalidName(f"{member!r} cannot be its own manager: name another member")
-    for key, value in (config or {}).items():
-        if key not in settings.TEAM_DEFAULTS:
+    for setting, value in (config or {}).items():
+        if setting not in settings.TEAM_DEFAULTS:
             known = ", ".join(settings.TEAM_DEFAULTS)
-            raise InvalidName(f"unknown team setting {key!r}: use one of {known}")
+            raise InvalidName(f"unknown team setting {setting!r}: use one of {known}")
         if not (str(value).isascii() and str(value).isdigit()) or len(str(value)) > 12:
-            raise InvalidName(f"invalid {key} {value!r}: give a whole number >= 0")
+            raise InvalidName(f"invalid {setting} {value!r}: give a whole number >= 0")
 
     def change(raw: bytes) -> bytes:
         data = codec.loads(raw)
@@ -291,6 +299,10 @@ def change_roster(
                 record.pop("human", None)
                 if human:
                     record["human"] = True
+            if key is not None:
+                record.pop("key", None)
+                if key:
+                    record["key"] = key
         if config:
             data.setdefault("config", {}).update({k: str(v) for k, v in config.items()})
         return codec.dumps_indented(data)

@@ -74,6 +74,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "run": ("responder",),
     "usage": ("costs",),
     "completion": ("completion",),
+    "keys": ("keys",),
 }
 
 
@@ -86,6 +87,7 @@ def full_app() -> Group:
         costs,
         faces,
         governance,
+        keys,
         lead,
         mail,
         maintenance,

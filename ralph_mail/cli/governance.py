@@ -93,6 +93,7 @@ def policy_show(home: Home = None, team: TeamName = None, json: JsonRecords = Fa
             print_table("budgets (USD)", ("agent", "budget", "per"), budgets)
         depth = settings.team_setting("max_depth", dict(roster.config))
         say(f"max depth: {depth}\n")
+        say(f"require signed: {'on' if current.require_signed else 'off'}\n")
 
     command(action)
 
@@ -273,6 +274,33 @@ def policy_depth(
             change_roster(bus.team, config={"max_depth": value})
         finally:
             bus.close()
+
+    command(action)
+
+
+@policy_app.command("require-signed")
+def policy_require_signed(
+    state: Annotated[str, Argument(help="on or off.", metavar="on|off")],
+    home: Home = None,
+    team: TeamName = None,
+    agent: Agent = None,
+) -> None:
+    """Require every message to be signed by its sender's roster key (see 'ralph-mail
+    keys'), or stop requiring it; the lead's to do. On: the writer's Gate refuses what
+    it could not sign (exit 4), and readers set unsigned or badly signed messages aside
+    as dead letters.
+
+    \b
+    Example:
+      ralph-mail policy require-signed on --team demo --agent lead
+    """
+
+    def action() -> None:
+        from dataclasses import replace
+
+        if state not in ("on", "off"):
+            raise MailError(f"invalid state {state!r}: on or off")
+        _edit(home, team, agent, lambda current: replace(current, require_signed=state == "on"))
 
     command(action)
 

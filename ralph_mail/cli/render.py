@@ -59,12 +59,21 @@ def safe(text: str, *, newlines: bool = True) -> str:
     return text
 
 
+def seal(message: Message) -> str:
+    """What the human output says of ``message``'s signature, as its reader found it
+    (`ralph_mail.signing.verify`): ``"BAD-SIGNATURE"`` always, ``"unsigned"`` when its
+    sender has a key or the team requires signing, else ""."""
+    if message.verified is False:
+        return "BAD-SIGNATURE"
+    return "unsigned" if message.__dict__.get("unsigned") else ""
+
+
 def plain_line(message: Message) -> str:
     """One message as one line of text (continuation lines of the body are indented)."""
     kind = str(message.type)
     for shown in (message.priority != "normal" and message.priority,
                   message.visibility != "internal" and message.visibility,
-                  message.ack and "ack"):  # fmt: skip
+                  message.ack and "ack", seal(message)):  # fmt: skip
         if shown:
             kind += f" {shown}"
     parts = [message.ts, message.from_agent, "->", message.to_agent, f"[{kind}]"]
@@ -181,6 +190,8 @@ def print_messages(messages: Iterable[Message], json_out: bool = False) -> None:
         text.append(" → ")
         text.append(safe(message.to_agent, newlines=False), style="bold")
         text.append(f" {safe(str(message.type), newlines=False)}", style="magenta")
+        if seal(message):
+            text.append(f" {seal(message)}", style="bold red")
         text.append(f"  {safe(message.content)}")
         if message.metadata:
             meta = " ".join(f"{k}={v}" for k, v in message.metadata.items())

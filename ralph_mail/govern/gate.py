@@ -139,6 +139,49 @@ class Gate:
                 f"{box.team.name!r}: run it as {lead} (--agent {lead})"
             )
 
+    def requires_signed(self) -> bool:
+        """Whether the policy requires signed messages, for a reader. A broken policy
+        does not: it would set every line aside, and whoever can break the policy can
+        turn the setting off as well (the writer's Gate refuses contact meanwhile)."""
+        try:
+            return self.policy().require_signed
+        except PermissionDenied:
+            return False
+
+    def _require_key(self) -> None:
+        """`PermissionDenied` when the team requires signed messages and my agent has no
+        key here, or not the one the roster gives it: what it sent would be unsigned or
+        fail verification (a forged ``--agent`` lacks the agent's key file)."""
+        try:
+            if not self.policy().require_signed:
+                return
+        except PermissionDenied:
+            return  # a broken policy refuses contact itself, and lets answers through
+        box = self._box()
+        signer = box.signer()
+        mine = signer.public()
+        if mine is None:
+            raise PermissionDenied(
+                f"team {box.team.name!r} requires signed messages and {box.agent} has no "
+                f"key at {signer.path}: run 'ralph-mail keys create --agent {box.agent}' "
+                "on its own host"
+            )
+        if mine == box.me().key:
+            return
+        published = box.refresh_team().member(box.agent).key
+        if mine != published:
+            where = f"'ralph-mail keys publish --agent {box.agent}'"
+            team = f"team {box.team.name!r} requires signed messages and"
+            if published is None:
+                raise PermissionDenied(
+                    f"{team} its roster has no public key for {box.agent}: publish the one "
+                    f"at {signer.path} with {where}"
+                )
+            raise PermissionDenied(
+                f"{team} the key at {signer.path} is not the one its roster has for "
+                f"{box.agent}: publish it with {where} (replacing a key is the lead's act)"
+            )
+
     # -- the check ------------------------------------------------------------------------
 
     def check(
@@ -156,6 +199,7 @@ class Gate:
         there (online, or sleeping: a request wakes it)."""
         box = self._box()
         sender, to, kind = box.agent, str(envelope["to"]), str(envelope["type"])
+        self._require_key()
         metadata = envelope["metadata"]
         if kind in _CHECKED and isinstance(metadata, dict):  # what its reader would refuse
             from ralph_mail.protocols import check_outgoing
@@ -210,6 +254,7 @@ class Gate:
         """Judge a post in ``channel`` that mentions ``mentioned`` (each gets a
         ``mention``, contact my agent starts): one message counted against my rate, and
         each mention judged as contact; a mention the policy would hold is refused."""
+        self._require_key()
         held = self._govern(mentioned, "contact", False) if mentioned else ""
         if not mentioned:
             self._count()
@@ -376,6 +421,7 @@ class Gate:
         from ralph_mail.govern import approvals
 
         box = self._box()
+        box.seal(envelope)  # kept signed: its approver delivers it unchanged
         approver = box.me().manager or box.team.lead
         record = approvals.held(envelope, approver, reason, format_ts(time.time_ns() // 1000))
         box.store.log_append(approvals.LOG, record)

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from ralph_mail import codec
-from ralph_mail.errors import InvalidMessage
+from ralph_mail.errors import InvalidMessage, MailError
 from ralph_mail.message import check_name
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ MAX_RATE: Final = 100_000
 #: The rolling window of a rate limit (s).
 RATE_WINDOW_S: Final = 60.0
 _RULE_KEYS: Final = frozenset({"from", "to", "permission", "approval"})
-_TOP_KEYS: Final = frozenset({"version", "rules", "rates", "budgets"})
+_TOP_KEYS: Final = frozenset({"version", "rules", "rates", "budgets", "require_signed"})
 #: The largest budget a policy may set (USD), and each window's length (s).
 MAX_BUDGET_USD: Final = 1_000_000.0
 WINDOWS: Final = {"hour": 3600.0, "day": 86400.0}
@@ -116,6 +116,9 @@ class Policy:
     rules: tuple[Rule, ...] = ()
     rates: dict[str, int] = field(default_factory=dict)
     budgets: dict[str, Budget] = field(default_factory=dict)
+    #: Every message must be signed by its sender's roster key (`ralph_mail.signing`):
+    #: the writer's Gate refuses any other, and readers set it aside.
+    require_signed: bool = False
 
     def __post_init__(self) -> None:
         # (sender, target) -> the rules for it, so a decision costs a few dict lookups
@@ -173,6 +176,8 @@ class Policy:
                                     "rates": dict(sorted(self.rates.items()))}  # fmt: skip
         if self.budgets:
             document["budgets"] = {k: v.to_dict() for k, v in sorted(self.budgets.items())}
+        if self.require_signed:
+            document["require_signed"] = True
         return codec.dumps_indented(document, newline=True)
 
     def with_rule(self, rule: Rule) -> Policy:
@@ -265,7 +270,7 @@ def parse(raw: bytes) -> Policy:
         raise InvalidMessage("it is not a JSON object")
     unknown = sorted(set(document) - _TOP_KEYS)
     if unknown:
-        raise InvalidMessage(f"unknown key {unknown[0]!r} (known: rules, rates, version)")
+        raise InvalidMessage(f"unknown key {unknown[0]!r} (known: {', '.join(sorted(_TOP_KEYS))})")
     if document.get("version", 1) != 1:
         raise InvalidMessage(f"unknown version {document['version']!r} (this is 1)")
     rules = document.get("rules", [])
@@ -277,11 +282,25 @@ def parse(raw: bytes) -> Policy:
     budgets = document.get("budgets", {})
     if not isinstance(budgets, dict):
         raise InvalidMessage("budgets is not an object")
+    require_signed = document.get("require_signed", False)
+    if not isinstance(require_signed, bool):
+        raise InvalidMessage(f"require_signed is {require_signed!r}: true or false")
     return Policy(
         tuple(_rule(item, n) for n, item in enumerate(rules)),
         {_party(k, "rates key"): check_rate(v) for k, v in rates.items()},
         {_party(k, "budgets key"): _budget(v, k) for k, v in budgets.items()},
+        require_signed,
     )
+
+
+def requires_signed(store: TeamStore) -> bool:
+    """Whether ``store``'s team requires signed messages (a policy that cannot be read
+    does not: see `Gate.requires_signed`)."""
+    try:
+        raw = store.load_state(KEY)
+        return raw is not None and parse(raw).require_signed
+    except MailError:
+        return False
 
 
 def _budget(item: object, who: str) -> Budget:

@@ -14,9 +14,9 @@ import threading
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 from ralph_mail import codec, settings
 from ralph_mail.errors import (
@@ -50,6 +50,8 @@ from ralph_mail.team import Member, Team, load_team, parse_roster
 if TYPE_CHECKING:
     from typing import Self
 
+    from ralph_mail.signing import Signer
+
 _T = TypeVar("_T")
 
 #: How often one mailbox notes its agent as active (s); see ralph_mail.govern.presence.
@@ -80,6 +82,9 @@ class Judge(Protocol):
 
     def require_lead(self, act: str) -> None:
         """`PermissionDenied` unless my agent is the lead: ``act`` is the lead's alone."""
+
+    def requires_signed(self) -> bool:
+        """Whether the team's policy requires signed messages (``require_signed``)."""
 
 
 def pair_key(a: str, b: str) -> str:
@@ -139,6 +144,8 @@ class Mailbox(Consuming):
             self.chain = check_chain(os.environ.get("RALPH_CHAIN", ""))
         except MailError as exc:
             raise InvalidMessage(f"RALPH_CHAIN: {exc}") from None
+        self._signer: Signer | None = None  # made on the first send (see `seal`)
+        self._signs: tuple[Team | None, bool] = (None, False)  # (roster, any key in it)
         #: The one Gate every message this mailbox writes passes.
         self.gate = gate(self)
 
@@ -284,6 +291,7 @@ class Mailbox(Consuming):
         starts is marked as starting here, before any message of it exists, so that a
         look at the thread stops there (an id sent again, a retry, is not marked: the
         look goes back further, and finds the first sending's answers too)."""
+        self.seal(envelope)
         head, tail = encode_parts(envelope, self.max_message_bytes)
         if fresh and envelope["type"] in THREAD_STARTERS:
             try:
@@ -356,6 +364,8 @@ class Mailbox(Consuming):
         held = self.gate.check(envelope)
         if held:
             return self.gate.hold(envelope, held)
+        if self.seal(envelope):  # one signature for every copy: the ts is not signed
+            head, tail = encode_parts(envelope, self.max_message_bytes)
         self.touch()
         delivered: list[str] = []
         failed: list[str] = []
@@ -396,11 +406,60 @@ class Mailbox(Consuming):
                 length = len(head) + len(TS_PLACEHOLDER) + len(tail)
                 self._index_copies(envelope, [(member, offset)], length)
 
+    # -- signatures -------------------------------------------------------------------------
+
+    def signer(self, shared: Signer | None = None) -> Signer:
+        """What signs my agent's messages (its key file is read on the first use);
+        ``shared``: use that one from now on (a process's buses read the key once)."""
+        if shared is not None:
+            self._signer = shared
+        if self._signer is None:
+            from ralph_mail.signing import Signer
+
+            self._signer = Signer(self._team.name, self.agent, self._team.home)
+        return self._signer
+
+    def seal(self, envelope: dict[str, object]) -> bool:
+        """Sign ``envelope`` if my agent sends it, has a key and it is not signed yet
+        (a held message released by its approver keeps its sender's signature); return
+        whether it was signed now. Call once everything but the ts is final."""
+        if envelope["from"] != self.agent or "sig" in envelope:
+            return False
+        return self.signer().sign(envelope)
+
+    def _trust(self, messages: Sequence[Message | str], signed: bool, *,
+               refuse: bool = True) -> bool:  # fmt: skip
+        """Check the signatures of ``messages`` (``signed``: one of them may carry a
+        signature, `may_be_signed`), setting
+        `Message.verified`; under ``require_signed`` (and ``refuse``: ``messages`` is then
+        a list) put in place of each message not signed by its sender's roster key why
+        it is set aside. Return whether none was. Costs a look at the policy (cached)
+        when the team signs nothing."""
+        require = self.gate.requires_signed()
+        if self._signs[0] is not self._team:
+            self._signs = (self._team, any(m.key for m in self._team.members))
+        if not (require or self._signs[1] or signed):
+            return True
+        from ralph_mail import signing
+
+        found = [m for m in messages if isinstance(m, Message)]
+        signing.verify(found, self._team, require=require)
+        if any(m.verified is False for m in found):  # a key newer than my roster?
+            signing.verify(found, self.refresh_team(), require=require)
+        clean = True
+        for n, message in enumerate(messages) if require and refuse else ():
+            why = signing.refusal(message) if isinstance(message, Message) else ""
+            if why:
+                cast("list[Message | str]", messages)[n] = why
+                clean = False
+        return clean
+
     # -- looking things up ------------------------------------------------------------------
 
     def indexed(self, key: str, limit: int) -> list[Message]:
         """The last ``limit`` messages of index ``key`` (a pair, a thread), oldest first."""
         found: list[Message] = []
+        signed = False
         for agent, offset, length in self._store.index_tail(key, limit):
             line = self._store.read_line(agent, offset, length)
             if line is None:
@@ -408,6 +467,8 @@ class Mailbox(Consuming):
             message = decode_lines([line])[0][0]
             if isinstance(message, Message):
                 found.append(message)
+                signed = signed or "sig" in message.__dict__
+        self._trust(found, signed, refuse=False)
         # Entries are written just after their message, so two senders racing can note
         # them out of order; the timestamps, taken under each inbox's lock, cannot.
         found.sort(key=lambda message: message.ts)

@@ -22,7 +22,7 @@ from itertools import accumulate, repeat
 from typing import TYPE_CHECKING, TypeVar
 
 from ralph_mail.errors import InboxBusy, InvalidMessage, LockTimeout, MailError
-from ralph_mail.message import Message, MessageType, check_type, decode_lines
+from ralph_mail.message import Message, MessageType, check_type, decode_lines, may_be_signed
 from ralph_mail.settings import WATCH_SAFETY_POLL_S, safety_poll
 from ralph_mail.store.base import Cursor, StopEvent, TeamStore, Waiter
 
@@ -68,6 +68,8 @@ class Consuming:
         def touch(self) -> bool: ...
 
         def _before_read(self) -> None: ...
+
+        def _trust(self, messages: list[Message | str], signed: bool) -> bool: ...
 
     # -- reading ------------------------------------------------------------------------
 
@@ -136,6 +138,7 @@ class Consuming:
             gc.disable()
         try:
             messages, clean = decode_lines(lines)
+            clean = self._trust(messages, may_be_signed(data)) and clean
             if clean and not cursor.acked and not starts:
                 self._pending.extend(zip(repeat(-1), messages))  # type: ignore[arg-type]
                 self._scanned = offset + len(data)
@@ -274,6 +277,9 @@ class Consuming:
             >>> bus.hand_on(bus.peek(), lambda m: print(m.content))   # doctest: +SKIP
         """
         if not messages:
+            with self._lock:  # only set-aside lines were read: past them, never again
+                if not self._pending and self._scanned > self._load().floor:
+                    self._save(self._scanned)
             return
         with self._lock:
             mark = self._mark()
@@ -447,7 +453,9 @@ class Consuming:
         while True:
             data, offset = self._store.read(self.agent, offset, skip_collected=True)
             if data:
-                for message in decode_lines(data.split(b"\n")[:-1])[0]:
+                found = decode_lines(data.split(b"\n")[:-1])[0]
+                self._trust(found, may_be_signed(data))  # one refused: set aside by the read
+                for message in found:
                     if (
                         isinstance(message, Message)
                         and message.reply_to == request_id

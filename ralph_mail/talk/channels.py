@@ -41,6 +41,7 @@ from ralph_mail.message import (
     encode_parts,
     format_ts,
     from_envelope,
+    may_be_signed,
     parse_ts,
 )
 from ralph_mail.store.base import Cursor
@@ -297,6 +298,7 @@ class Channels:
         bus.gate.check_post(channel.name, mentioned if trigger else [])
         metadata = {"mentions": ",".join(mentioned)} if mentioned else None
         envelope = bus.envelope(f"#{channel.name}", MessageType.TEXT, text, metadata, reply_to)
+        bus.seal(envelope)
         head, tail = encode_parts(envelope, bus.max_message_bytes)
         envelope["ts"], offset = self._store.append(f"#{channel.name}", head, tail)
         post = from_envelope(envelope)
@@ -339,6 +341,7 @@ class Channels:
                 return found, offset
             lines = data.split(b"\n")[:-1]
             decoded, _ = decode_lines(lines)
+            self._bus._trust(decoded, may_be_signed(data))  # refused posts: set aside, below
             at = start
             for line, post in zip(lines, decoded, strict=True):
                 at += len(line) + 1

@@ -24,10 +24,11 @@ from ralph_mail.message import (
     check_type,
     decode_lines,
     format_ts,
+    may_be_signed,
 )
 from ralph_mail.settings import safety_poll
 from ralph_mail.store.base import StopEvent
-from ralph_mail.team import load_team
+from ralph_mail.team import load_team, parse_roster
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -60,6 +61,8 @@ class History:
                 roster.member(agent)
         self.agents = list(agents)
         self._store = roster.store
+        self._roster = roster
+        self._require: bool | None = None  # the policy's require_signed, read when needed
         self._offsets: dict[str, int] = {}
         #: Bytes of each inbox that gc collected before this view could show them: a view
         #: that falls behind the owner by more than one compaction skips what is gone.
@@ -147,7 +150,25 @@ class History:
                     continue
                 self._broadcasts_seen.add(message.id)
             messages.append(message)
+        self._verify(messages, any(may_be_signed(line) for line in lines))
         return messages
+
+    def _verify(self, messages: list[Message], signed: bool) -> None:
+        """Set `Message.verified` (and mark the unsigned, for the human output) when
+        the team signs anything: a roster key, ``require_signed``, a signed line."""
+        if self._require is None:
+            from ralph_mail.govern.policy import requires_signed
+
+            self._require = requires_signed(self._store)
+        if signed or self._require or any(m.key for m in self._roster.members):
+            from ralph_mail import signing
+
+            signing.verify(messages, self._roster, require=self._require)
+            if any(m.verified is False for m in messages):  # a key newer than my roster?
+                team = self._roster
+                self._roster = parse_roster(self._store.roster(), team.home, team.name,
+                                            self._store)  # fmt: skip
+                signing.verify(messages, self._roster, require=self._require)
 
     def close(self) -> None:
         """Release the descriptors."""

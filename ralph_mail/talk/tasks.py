@@ -327,6 +327,7 @@ def _send_assignment(
     if not hold:  # a new assignment's id is fresh: its thread starts here
         return box._deliver(envelope, fresh=fresh)
     assignee = str(envelope["to"])
+    box.seal(envelope)  # signed now: the assignee's process delivers it as it is
     record = {"held": envelope, "until": hold, "since": box.store.size(assignee)}
     box.store.log_append(f"{HELD}{assignee}", codec.dumps(record) + b"\n")
     return from_envelope(envelope)

@@ -17,10 +17,14 @@ from tests.helpers.processes import cli_env
 ME = ("--team", "demo", "--agent", "worker-1")
 #: Costly imports a one-message command does without: orjson (its import is about as
 #: long as the rest of the command; ralph_mail.codec writes its bytes), shutil (with bz2
-#: and lzma; argparse imports it for the terminal's width), datetime (presence), and
+#: and lzma; argparse imports it for the terminal's width), datetime (presence),
 #: secrets (with hmac, hashlib, random and base64: a doorbell's name needs a few random
-#: bytes, which os.urandom gives).
-NOT_IMPORTED = ("orjson", "shutil", "bz2", "lzma", "datetime", "secrets", "random")
+#: bytes, which os.urandom gives), and cryptography (only a team with signing keys needs
+#: it; hashlib and base64 with it).
+NOT_IMPORTED = (
+    "orjson", "shutil", "bz2", "lzma", "datetime", "secrets", "random", "cryptography",
+    "hashlib", "base64",
+)  # fmt: skip
 
 
 @pytest.mark.parametrize(

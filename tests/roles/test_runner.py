@@ -145,3 +145,24 @@ def test_a_flooding_or_garbled_child_gives_one_bounded_message(
     runner(procs, team.home, "worker-2", "printf 'caf\\351 \\377'")
     garbled = ask(team.home, "worker-2", "bytes?")
     assert garbled.returncode == 0 and garbled.stdout == "caf\ufffd \ufffd\n".encode()
+
+
+def test_a_runner_signs_and_its_child_never_sees_the_key(
+    team: Team, procs: Processes, tmp_path: Path
+) -> None:
+    """worker-1 has a key: the runner reads it itself and signs the reply (verified by
+    the lead); the child's environment and stdin hold no part of the private key."""
+    made = ralph(team.home, "keys", "create", "--team", "demo", "--agent", "worker-1")
+    assert made.returncode == 0, made.stderr
+    pem = (team.home / "keys" / "demo" / "worker-1.key").read_text()
+    secret = "".join(pem.splitlines()[1:-1])  # the base64 body of the PEM
+    seen = tmp_path / "seen.txt"
+    runner(procs, team.home, "worker-1", f"{{ env; cat; }} > {seen}; echo signed answer")
+    done = ask(team.home, "worker-1", "who are you?")
+    assert done.stdout == b"signed answer\n", done.stderr
+    exposed = seen.read_text()
+    assert "RALPH_AGENT=worker-1" in exposed  # (what was dumped: the child's environment)
+    assert secret not in exposed and secret[:16] not in exposed and "PRIVATE KEY" not in exposed
+    with MessageBus("demo", "lead") as lead:
+        (reply,) = [m for m in lead.history("worker-1") if m.type == "reply"]
+        assert reply.verified is True and reply.content == "signed answer"
