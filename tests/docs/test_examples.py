@@ -80,10 +80,17 @@ def test_llm_team_example(tmp_path: Path, children: Children) -> None:
 
 
 def test_two_hosts_example(tmp_path: Path, children: Children) -> None:
-    """examples/two_hosts: two homes sharing one nats-server (started by the script): the
-    lead's ask and delegation are answered by runners in the other home."""
+    """examples/two_hosts: two homes on two clustered nats-server nodes (started by the
+    script), every agent with its own credentials and signing key: the lead's ask and
+    delegation are answered by runners in the other home, signed both ways, and what the
+    policy forbids is refused (exit 4), a login passing for the lead included."""
     out = run_example("bash examples/two_hosts/run.sh", tmp_path, children)
     assert "healthy" in out
     assert "analyst says: Q4 revenue: 2.4M (asked: How did Q4 go?)" in out
     assert 'writer says: draft of "the Q4 update" saved on' in out
     assert "T-1  the Q4 update  writer  completed" in out
+    assert "lead -> analyst [request] How did Q4 go?" in out  # the history, unmarked:
+    assert "analyst -> lead [reply] Q4 revenue" in out  # each line's signature verified
+    assert "BAD-SIGNATURE" not in out and "unsigned" not in out
+    assert "writer to analyst: exit 4" in out
+    assert "writer as lead: exit 4" in out
