@@ -130,6 +130,15 @@ def serve(fd: int) -> None:
     import socket
 
     channel = socket.socket(fileno=fd)
+
+    def _said(channel: socket.socket, text: str) -> bool:
+        """Send ``text`` to the parent; False when it is gone (its end closed)."""
+        try:
+            channel.send(text.encode())
+        except (BrokenPipeError, ConnectionResetError):
+            return False
+        return True
+
     wake_read, wake_write = os.pipe()
     for end in (wake_read, wake_write):
         os.set_blocking(end, False)
@@ -150,7 +159,8 @@ def serve(fd: int) -> None:
                 break
             if not pid:
                 break
-            channel.send(f"exit {pid} {os.waitstatus_to_exitcode(status)}".encode())
+            if not _said(channel, f"exit {pid} {os.waitstatus_to_exitcode(status)}"):
+                return  # the parent went away (Ctrl-C ends it first): so do we
         if channel.fileno() not in ready:
             continue
         data, fds, _, _ = socket.recv_fds(channel, 1 << 22, 3)
@@ -177,7 +187,8 @@ def serve(fd: int) -> None:
                 os._exit(127)
         for source in fds:
             os.close(source)
-        channel.send(f"started {int(wanted['id'])} {pid}".encode())
+        if not _said(channel, f"started {int(wanted['id'])} {pid}"):
+            return
 
 
 if __name__ == "__main__":  # python -I -S _keeper.py --serve FD (ralph_mail.keepers)

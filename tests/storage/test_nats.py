@@ -328,14 +328,18 @@ def test_a_wait_woken_by_the_last_line_reads_it_without_asking_the_server_again(
 ) -> None:
     """The pull that woke a wait brought the line, and said nothing follows it: the read
     after it costs no round trip, and neither does the look for more: the one round trip
-    after the pull is the commit (and a look-up of the inbox's start, which the bucket's
-    watch serves once it runs). A `poll` after it still asks the server, and gets a line
-    another thread stored since."""
+    after the pull is the commit (the inbox's start comes from the bucket's watch, which
+    runs from a process's few first looks on). A `poll` after it still asks the server,
+    and gets a line another thread stored since."""
     url = fresh_nats()
     create_team("demo", ["lead", "w"], home=home, backend=url)
     with MessageBus("demo", "lead", home, backend=url) as lead, \
             MessageBus("demo", "w", home, backend=url) as bus:  # fmt: skip
         bus.poll()  # (an empty inbox: the first look is the server's)
+        # The bucket's watch running (started by a process's first few looks, on a
+        # thread of its own): until it is, a look at the inbox's start asks the server.
+        store: Any = bus.store
+        wait_until(lambda: store.load_presence("w") and store._cache is not None, "the watch")
         trips = _trips(monkeypatch, lambda: lead.send("w", "text", "hi"))
         assert [m.content for m in bus.wait_for_messages(BOUND_S)] == ["hi"]
         after = trips[trips.index("pull") + 2 :]  # (the pull marked, then made)
