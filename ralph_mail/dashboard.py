@@ -43,7 +43,9 @@ from textual.widgets import DataTable, Input, RichLog, Static
 from ralph_mail import settings, usage
 from ralph_mail.errors import MailError
 from ralph_mail.govern import presence
+from ralph_mail.govern.policy import requires_signed
 from ralph_mail.message import Message, decode_lines
+from ralph_mail.signing import Marks
 from ralph_mail.store.base import TeamStore
 from ralph_mail.store.search import Query
 from ralph_mail.talk import tasks
@@ -324,6 +326,7 @@ class Dashboard(App[None]):
         self._roster_raw = self.store.roster()  # the roster as loaded, to see it change
         self._found: dict[str, tasks.Task] = {}  # the team's tasks, as last read
         self._costs: dict[str, int] = {}  # what each task's subtree cost (micro-USD)
+        self._marks = Marks()  # each shown message's signature, checked once
         self._width = 0  # the screen width the columns were made for
         self._layout = layout_for(80)
 
@@ -468,6 +471,10 @@ class Dashboard(App[None]):
         hint.update(f" {hidden} internal message{plural} folded: press i to show")
         log = self.query_one("#conversation", RichLog)
         log.clear()
+        listed = [item for item in shown if not isinstance(item, int)]
+        marks = dict(zip(map(id, listed), self._marks.of(listed, self._roster,
+                                                           requires_signed(self.store)),
+                         strict=True))  # fmt: skip
         for item in shown:
             if isinstance(item, int):
                 log.write(Text(f"  ▸ Internal agent messages ({item})", style="dim italic"))
@@ -475,6 +482,8 @@ class Dashboard(App[None]):
             head = Text(f"{item.ts[11:19]} ", style="dim")
             head.append(f"{item.from_agent} → {item.to_agent}", style="bold")
             head.append(f" [{item.type}]", style="cyan")
+            if marks[id(item)]:  # a bad signature, or none where one is due
+                head.append(f" {marks[id(item)]}", style="bold red")
             if item.visibility != "internal":
                 head.append(f" {item.visibility}", style="green")
             log.write(head)
@@ -539,16 +548,21 @@ class Dashboard(App[None]):
         """Once a second: presence and "seen" age without any event, and the roster read
         again when it changed (a description, a manager, a mode)."""
         try:
-            raw = self.store.roster()
-            if raw != self._roster_raw:
-                self._roster_raw = raw
-                self.team = parse_roster(raw, self.team.home, self.team.name, self.store)
+            self._roster()
             self._refresh_roster()
             self._refresh_status()
         except NoMatches:
             return  # the app is closing
         except MailError as exc:
             self.query_one("#status", Static).update(f" {exc}")
+
+    def _roster(self) -> Team:
+        """The roster, read again (and parsed when it changed)."""
+        raw = self.store.roster()
+        if raw != self._roster_raw:
+            self._roster_raw = raw
+            self.team = parse_roster(raw, self.team.home, self.team.name, self.store)
+        return self.team
 
     # -- actions --------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from ralph_mail.message import Message, encode
+from ralph_mail.signing import seal
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -57,15 +58,6 @@ def safe(text: str, *, newlines: bool = True) -> str:
     if not newlines:
         text = text.replace("\n", "\\n").replace("\t", "\\t")
     return text
-
-
-def seal(message: Message) -> str:
-    """What the human output says of ``message``'s signature, as its reader found it
-    (`ralph_mail.signing.verify`): ``"BAD-SIGNATURE"`` always, ``"unsigned"`` when its
-    sender has a key or the team requires signing, else ""."""
-    if message.verified is False:
-        return "BAD-SIGNATURE"
-    return "unsigned" if message.__dict__.get("unsigned") else ""
 
 
 def plain_line(message: Message) -> str:

@@ -51,7 +51,7 @@ function questions(items) {
     box.value = drafts[question.id] || "";
     box.addEventListener("input", () => { drafts[question.id] = box.value; });
     card.append(
-      el("div", { class: "head" }, `${question.from} asks ${question.to} · ${time(question.ts)}`),
+      el("div", { class: "head" }, `${question.from} asks ${question.to} · ${time(question.ts)}`, seal(question)),
       el("div", { class: "body" }, question.content),
       box,
       el("button", { class: "answer", onclick: () => act("api/answer", { id: question.id, text: box.value }, card) }, "Answer"),
@@ -79,9 +79,12 @@ function tasks(items) {
     el("td", {}, t.status), el("td", {}, t.assignee)));
 }
 
+// A bad signature, or none where one is due: said beside the message, in red.
+const seal = (m) => (m.seal ? el("span", { class: "seal" }, ` ${m.seal}`) : "");
+
 function message(m) {
   return el("div", { class: "msg" },
-    el("div", { class: "head" }, `${time(m.ts)} ${m.from} → ${m.to} [${m.type}]`),
+    el("div", { class: "head" }, `${time(m.ts)} ${m.from} → ${m.to} [${m.type}]`, seal(m)),
     el("div", { class: "body" }, m.content));
 }
 

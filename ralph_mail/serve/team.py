@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any, Final
 from ralph_mail.bus import MessageBus
 from ralph_mail.errors import MailError, UnknownAgent
 from ralph_mail.govern import approvals, presence
+from ralph_mail.govern.policy import requires_signed
 from ralph_mail.message import Message, MessageType, decode_lines
+from ralph_mail.signing import Marks
 from ralph_mail.talk import tasks
 from ralph_mail.team import Team, parse_roster
 
@@ -39,6 +41,7 @@ class TeamView:
         self._buses: dict[str, MessageBus] = {}
         self._lock = threading.RLock()
         self._roster_raw = b""
+        self._marks = Marks()  # each shown message's signature, checked once
         self._team = self._lead.team
 
     @property
@@ -116,10 +119,15 @@ class TeamView:
             "team": team.name,
             "members": [_member(team, m.name, now) for m in team.members],
             "tasks": [{"prefix": prefix, **task.to_dict()} for prefix, task in tree],
-            "messages": [_message(m) for m in self.conversation(team)],
+            "messages": self._shown(self.conversation(team)),
             "approvals": [_held(h) for h in self.waiting()],
-            "questions": [_message(m) for m in self.questions(team)],
+            "questions": self._shown(self.questions(team)),
         }
+
+    def _shown(self, messages: list[Message]) -> list[dict[str, Any]]:
+        """``messages`` for the page, each with its signature's mark (`signing.seal`)."""
+        marks = self._marks.of(messages, self.team, requires_signed(self.store))
+        return [{**_message(m), "seal": mark} for m, mark in zip(messages, marks, strict=True)]
 
     def conversation(self, team: Team) -> list[Message]:
         """The team's last `SHOWN` messages, every inbox merged, oldest first."""

@@ -351,3 +351,24 @@ def test_top_shows_what_each_subtree_cost_and_follows_new_costs(home: Path) -> N
 
     drive(home, (120, 40), body)
     lead.close()
+
+
+def test_a_bad_signature_is_marked_in_the_conversation(home: Path) -> None:
+    """writer signs; its line edited on disk shows BAD-SIGNATURE beside its type in the
+    pane, its untouched one no mark."""
+    from ralph_mail.govern import keys
+
+    create_team("studio", ["lead", "writer"], home=home)
+    with MessageBus("studio", "writer", home) as writer:
+        keys.create(writer)
+        writer.send("lead", "text", "pay 10", visibility="user_visible")
+        writer.send("lead", "text", "all good", visibility="user_visible")
+    inbox = home / "teams" / "studio" / "mailbox" / "lead.jsonl"
+    inbox.write_bytes(inbox.read_bytes().replace(b"pay 10", b"pay 99"))
+
+    async def body(app: Dashboard, pilot: Pilot[None]) -> None:
+        shown = await until(pilot, app, "all good")
+        assert "pay 99" in shown  # of the two signed lines, only the edited one is marked
+        assert shown.count("BAD-SIGNATURE") == 1 and "unsigned" not in shown, shown
+
+    drive(home, (120, 30), body)

@@ -264,3 +264,19 @@ def test_team_set_marks_a_member_human(people: Team) -> None:
     assert refused.returncode == 4, refused.stderr
     bad = ralph(people.home, "team", "set", "demo", "writer", "--human", "maybe", "--agent", "lead")
     assert bad.returncode == 2 and b"give yes or no" in bad.stderr
+
+
+def test_the_page_marks_a_bad_signature(client: TestClient, people: Team) -> None:
+    """writer signs; its line edited on disk comes to the page with seal BAD-SIGNATURE,
+    its untouched one with none."""
+    from ralph_mail.govern import keys
+
+    with MessageBus("demo", "writer", people.home) as writer:
+        keys.create(writer)
+        writer.send("lead", "text", "pay 10")
+        writer.send("lead", "text", "all good")
+    inbox = people.home / "teams" / "demo" / "mailbox" / "lead.jsonl"
+    inbox.write_bytes(inbox.read_bytes().replace(b"pay 10", b"pay 99"))
+    seals = {m["content"]: m["seal"] for m in client.get("/api/state").json()["messages"]}
+    assert seals["pay 99"] == "BAD-SIGNATURE"
+    assert seals["all good"] == ""

@@ -179,3 +179,32 @@ def test_a_malformed_sig_or_kid_is_set_aside(team: Team) -> None:
                  good_sig.encode() + b'"}'):  # fmt: skip
         with pytest.raises(InvalidMessage, match="bad value for key"):
             decode(base + tail)
+
+
+def test_a_view_checks_each_shown_message_once(team: Team, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Marks (top, the serve page) verify a message the first time it is shown, not at
+    every refresh; a roster whose keys changed checks them all again."""
+    from ralph_mail import signing
+    from ralph_mail.govern.policy import requires_signed
+    from ralph_mail.message import decode_lines
+
+    make_key("lead")
+    with MessageBus("demo", "lead") as lead:
+        lead.send("worker-1", "text", "one")
+        lead.send("worker-1", "text", "two")
+        store = lead.store
+        roster = lambda: lead.refresh_team()  # noqa: E731
+        checked: list[str] = []
+        real = signing.check
+        monkeypatch.setattr(signing, "check", lambda envelope, key: (
+            checked.append(str(envelope["id"])), real(envelope, key))[1])  # fmt: skip
+        marks = signing.Marks()
+
+        def shown() -> list[str]:
+            lines, _ = store.read_tail("worker-1", 10)
+            return marks.of(decode_lines(lines)[0], roster, requires_signed(store))
+
+        assert shown() == ["", ""] and len(checked) == 2
+        assert shown() == ["", ""] and len(checked) == 2  # remembered
+        make_key("worker-1")  # the roster's keys changed: checked again
+        assert shown() == ["", ""] and len(checked) == 4
