@@ -127,7 +127,8 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
                 w.child.expect("ready")
             for w in waiters:  # one message each, so every waiter is settled in its wait
                 w.send(time.monotonic_ns())
-                rows[w.kind].extra["warm_ms"].append(int(w.child.expect("warm", 10.0)) / 1e6)
+                warm = w.child.expect("warm", timeout)  # (a bound for a stalled child only)
+                rows[w.kind].extra["warm_ms"].append(int(warm) / 1e6)
             cpu0 = [w.child.cpu_sample() for w in waiters]
             t0 = time.monotonic()
             time.sleep(sizes.idle_s)  # the measurement window itself, not synchronisation

@@ -69,6 +69,7 @@ def _many_agents_wake_and_cost_nothing_idle(home: Path, n: int) -> None:
         sender.close()
 
 
+@pytest.mark.xdist_group("heavy")  # hundreds of processes: not beside the bench's smoke run
 def test_hundreds_of_waiting_agents_all_wake_and_take_no_inotify_instance(home: Path) -> None:
     """300 waiting processes hold no inotify descriptor, are not woken while nothing
     comes for them, and all wake on one broadcast."""

@@ -18,6 +18,9 @@ import pytest
 
 from tests.helpers import REPO
 
+#: The smoke run loads the machine: it takes turns with the other heavy runs (pyproject).
+pytestmark = pytest.mark.xdist_group("heavy")
+
 SECTIONS = {
     "send", "writers", "read", "wakeup", "ask", "conversation", "receipts", "search",
     "channels", "mcp_server", "dashboard", "nats_backend", "cli", "fanout", "scale", "members",
