@@ -69,6 +69,26 @@ def _reader(ws: Workspace, name: str) -> tuple[Any, Any, Path]:
     return reader, sender, home / "teams/rd/mailbox/reader.jsonl"
 
 
+#: What a timed poll's team gets before the poll: (reader, sender, the reader's inbox).
+Fill = Callable[[Any, Any, Path], object]
+
+
+def _timed_poll(ws: Workspace, name: str, fill: Fill) -> tuple[list[Any], float]:
+    """A fresh `_reader` team, ``fill(reader, sender, inbox)``, then one poll: what it
+    returned and how long it took (ms)."""
+    reader, sender, inbox = _reader(ws, name)
+    try:
+        fill(reader, sender, inbox)
+        gc.collect()
+        t0 = time.perf_counter()
+        msgs = reader.poll()
+        dt = time.perf_counter() - t0
+    finally:
+        reader.close()
+        sender.close()
+    return msgs, dt * 1e3
+
+
 def run(sizes: Sizes, ws: Workspace) -> Section:
     """Measure big polls against the raw parse, then small polls behind backlogs."""
     sec = Section("read", "Read: poll against a raw parse (ms), and behind a backlog (µs)")
@@ -78,19 +98,10 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
     for n in sizes.read_sizes:
 
         def poll_n(n: int = n) -> float:
-            reader, sender, inbox = _reader(ws, f"poll{n}")
-            try:
-                ws.place_inbox(inbox, n)
-                gc.collect()
-                t0 = time.perf_counter()
-                msgs = reader.poll()
-                dt = time.perf_counter() - t0
-            finally:
-                reader.close()
-                sender.close()
+            msgs, ms = _timed_poll(ws, f"poll{n}", lambda _r, _s, inbox: ws.place_inbox(inbox, n))
             if len(msgs) != n:
                 raise RuntimeError(f"poll returned {len(msgs)} of {n} messages")
-            return dt * 1e3
+            return ms
 
         def raw_n(n: int = n, gc_off: bool = False) -> float:
             return raw_parse(ws.inbox_file(n), gc_off)
@@ -137,21 +148,15 @@ def _signed(sec: Section, cases: list[Callable[[], None]], ws: Workspace, n: int
     def poll_signed() -> float:
         from ralph_mail.govern import keys
 
-        reader, sender, _ = _reader(ws, f"signed{n}")
-        try:
+        def signed(_reader: Any, sender: Any, _inbox: Path) -> None:
             keys.create(sender)
             for _ in range(n):
                 sender.send("reader", "text", CONTENT, metadata=METADATA)
-            gc.collect()
-            t0 = time.perf_counter()
-            msgs = reader.poll()
-            dt = time.perf_counter() - t0
-        finally:
-            reader.close()
-            sender.close()
+
+        msgs, ms = _timed_poll(ws, f"signed{n}", signed)
         if len(msgs) != n or not all(m.verified for m in msgs):
             raise RuntimeError(f"poll returned {len(msgs)} of {n} verified messages")
-        return dt * 1e3
+        return ms
 
     row = sec.add(Row(f"signed_poll_{n}", f"ralph_mail poll of {n:,} signed messages, verified",
                       "ms", "lower", anchor=f"poll_{n}",
