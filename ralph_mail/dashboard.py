@@ -50,7 +50,7 @@ from ralph_mail.store.base import TeamStore
 from ralph_mail.store.search import Query
 from ralph_mail.talk import tasks
 from ralph_mail.talk.channels import listed
-from ralph_mail.team import Team, load_team, parse_roster
+from ralph_mail.team import Roster, Team, load_team
 
 if TYPE_CHECKING:
     from ralph_mail.orchestrator.records import AgentProgress
@@ -323,7 +323,7 @@ class Dashboard(App[None]):
         self._follower: threading.Thread | None = None
         self._sizes: dict[str, int] = {}
         self._tables: dict[str, dict[str, tuple[str | Text, ...]]] = {}  # what each shows
-        self._roster_raw = self.store.roster()  # the roster as loaded, to see it change
+        self._roster_now = Roster(self.team)  # the roster read again, to see it change
         self._found: dict[str, tasks.Task] = {}  # the team's tasks, as last read
         self._costs: dict[str, int] = {}  # what each task's subtree cost (micro-USD)
         self._marks = Marks()  # each shown message's signature, checked once
@@ -558,10 +558,7 @@ class Dashboard(App[None]):
 
     def _roster(self) -> Team:
         """The roster, read again (and parsed when it changed)."""
-        raw = self.store.roster()
-        if raw != self._roster_raw:
-            self._roster_raw = raw
-            self.team = parse_roster(raw, self.team.home, self.team.name, self.store)
+        self.team = self._roster_now.now()
         return self.team
 
     # -- actions --------------------------------------------------------------------------

@@ -186,6 +186,24 @@ def _backend(home: Path, url: str | None) -> Backend:
     return backend(home, settings.backend(url))
 
 
+class Roster:
+    """A team's roster as its store has it now: read again at each `now`, parsed again
+    only when its bytes changed (a view or a broadcast looks at it often)."""
+
+    def __init__(self, team: Team) -> None:
+        self.team = team
+        self._raw: bytes | None = None  # the bytes self.team was parsed from (None: unknown)
+
+    def now(self) -> Team:
+        """The roster now; the same `Team` while it did not change."""
+        raw = self.team.store.roster()
+        if raw != self._raw:
+            team = self.team
+            self.team = parse_roster(raw, team.home, team.name, team.store)
+            self._raw = raw
+        return self.team
+
+
 def parse_roster(raw: bytes, home: Path, name: str, store: TeamStore) -> Team:
     """The `Team` a roster document describes; `MailError` naming what is wrong in it.
 

@@ -45,7 +45,7 @@ from ralph_mail.message import (
     new_id,
 )
 from ralph_mail.store.base import Cursor, TeamStore, Waiter
-from ralph_mail.team import Member, Team, load_team, parse_roster
+from ralph_mail.team import Member, Roster, Team, load_team
 
 if TYPE_CHECKING:
     from typing import Self
@@ -116,7 +116,7 @@ class Mailbox(Consuming):
         self._team = load_team(team, home, backend=backend)
         self._team.member(agent)
         self._members = frozenset(self._team.names)
-        self._roster = b""  # the roster bytes self._team was last parsed from
+        self._roster = Roster(self._team)  # read again by refresh_team
         self._pairs: dict[tuple[str, str], str] = {}  # (sender, recipient): their index
         self._store = self._team.store
         self._store.durable = settings.durable(durable)
@@ -169,12 +169,10 @@ class Mailbox(Consuming):
     def refresh_team(self) -> Team:
         """Reload the roster from the store (parsed again only when it changed: a
         broadcast to a thousand members looks at it twice)."""
-        raw = self._store.roster()
-        if raw != self._roster:
-            self._team = parse_roster(raw, self._team.home, self._team.name, self._store)
-            self._members = frozenset(self._team.names)
-            self._roster = raw
-        return self._team
+        team = self._roster.now()
+        if team is not self._team:
+            self._team, self._members = team, frozenset(team.names)
+        return team
 
     def me(self) -> Member:
         """My roster entry (looked up once per roster)."""

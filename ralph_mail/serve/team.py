@@ -19,7 +19,7 @@ from ralph_mail.govern.policy import requires_signed
 from ralph_mail.message import Message, MessageType, decode_lines
 from ralph_mail.signing import Marks
 from ralph_mail.talk import tasks
-from ralph_mail.team import Team, parse_roster
+from ralph_mail.team import Team
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -40,9 +40,7 @@ class TeamView:
         self._lead = MessageBus(team, _lead_of(team, home), home)
         self._buses: dict[str, MessageBus] = {}
         self._lock = threading.RLock()
-        self._roster_raw = b""
         self._marks = Marks()  # each shown message's signature, checked once
-        self._team = self._lead.team
 
     @property
     def store(self) -> TeamStore:
@@ -59,11 +57,8 @@ class TeamView:
 
     def team(self) -> Team:
         """The roster now (parsed again only when it changed)."""
-        raw = self.store.roster()
-        if raw != self._roster_raw:
-            self._roster_raw = raw
-            self._team = parse_roster(raw, self._team.home, self._team.name, self.store)
-        return self._team
+        with self._lock:  # (the lead's bus is used by one thread at a time)
+            return self._lead.refresh_team()
 
     def bus(self, agent: str) -> MessageBus:
         """The bus of member ``agent`` (`UnknownAgent` for anyone else), made once."""
