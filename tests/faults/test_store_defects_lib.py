@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 
 from ralph_mail import MailError, MessageBus, Team, create_team, delete_team, list_teams
+from ralph_mail.govern.presence import presence_of
 from ralph_mail.talk.history import History
 from tests.helpers.backends import BACKENDS, backend_url
 from tests.helpers.faultkit import dead_letters, record
-from tests.helpers.processes import BOUND_S, Processes, cli_env
+from tests.helpers.processes import BOUND_S, Processes, cli_env, wait_until
 
 MEMBERS: list[str | tuple[str, str]] = ["lead", ("worker-1", "parses logs"), "worker-2"]
 
@@ -426,7 +427,9 @@ def test_the_longest_names_work_for_every_command_on_every_backend(
         assert assignment.metadata["taskId"] == task.id
         a.complete(task.id, "drafted")
         assert [m.content for m in lead.poll() if m.type == "task_result"] == ["drafted"]
-        b.set_presence("sleeping", until=datetime.now(UTC) + timedelta(seconds=0.5))
+        b.set_presence("sleeping", until=datetime.now(UTC) + timedelta(seconds=3))
+        # (on NATS the lead learns of it from its bucket's watch, a moment later)
+        wait_until(lambda: presence_of(lead.team, LONG_B)[0] == "sleeping", "the lead to see it")
         held = lead.delegate(LONG_B, "when you wake")  # held in the log held.LONG_B
         woke = b.wait_for_message("task_assignment", timeout=BOUND_S)
         assert held.held_until and woke is not None and woke.metadata["taskId"] == held.id
