@@ -33,14 +33,19 @@ else:  # the rooms load on first use: a send from a shell loop pays for none of 
 
     class _Room:
         # A plain import at the first attribute read: one that fails (a Ctrl-C in it)
-        # leaves nothing half-made behind, as importlib's LazyLoader would.
+        # leaves nothing half-made behind, as importlib's LazyLoader would. The module is
+        # kept once imported: a reply in a loop does not go through the import system.
         def __init__(self, name: str) -> None:
             self._name = f"ralph_mail.{name}"
+            self._module: object = None
 
         def __getattr__(self, attribute: str) -> object:
-            from importlib import import_module
+            module = self._module
+            if module is None:
+                from importlib import import_module
 
-            return getattr(import_module(self._name), attribute)
+                module = self._module = import_module(self._name)
+            return getattr(module, attribute)
 
     rooms = ("govern.approvals", "govern.policy", "govern.presence", "talk.ask", "talk.history",
              "talk.receipts", "talk.tasks")  # fmt: skip

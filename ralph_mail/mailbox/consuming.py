@@ -443,6 +443,14 @@ class Consuming:
         no answer); consume it alone when this process may. ``fresh``: asked just now,
         so the answer comes after this thread's waiter last woke (which wakes for it):
         the wait comes before the first read."""
+
+        def answers(message: Message) -> bool:
+            return (
+                message.reply_to == request_id
+                and message.type == kind
+                and (sender is None or message.from_agent == sender)
+            )
+
         deadline = time.monotonic() + timeout
         offset = start
         # One waiter per thread, kept for the mailbox's life: closing an inotify
@@ -450,20 +458,20 @@ class Consuming:
         waiter: Waiter | None = getattr(self._ask_local, "waiter", None)
         if fresh and waiter is not None:
             waiter.wait(min(timeout, WATCH_SAFETY_POLL_S), stop)
+
         while True:
             data, offset = self._store.read(self.agent, offset, skip_collected=True)
             if data:
-                found = decode_lines(data.split(b"\n")[:-1])[0]
-                self._trust(found, may_be_signed(data))  # one refused: set aside by the read
-                for message in found:
-                    if (
-                        isinstance(message, Message)
-                        and message.reply_to == request_id
-                        and message.type == kind
-                        and (sender is None or message.from_agent == sender)
-                    ):
-                        self.consume_if_mine(message)
-                        return message
+                taken, answer = self._take_answer(data, offset, answers)
+                if not taken:
+                    found = decode_lines(data.split(b"\n")[:-1])[0]
+                    self._trust(found, may_be_signed(data))  # one refused: set aside by a read
+                    answer = next((m for m in found if isinstance(m, Message) and answers(m)),
+                                  None)  # fmt: skip
+                    if answer is not None:
+                        self.consume_if_mine(answer)
+                if answer is not None:
+                    return answer
                 offset += len(data)
                 continue
             remaining = deadline - time.monotonic()
@@ -479,6 +487,29 @@ class Consuming:
                     self._ask_waiters.append((threading.current_thread(), waiter))
                 continue  # read once more: the answer may have come while it started
             waiter.wait(min(remaining, safety_poll(timeout - remaining)), stop)
+
+    def _take_answer(
+        self, data: bytes, offset: int, answers: Callable[[Message], bool]
+    ) -> tuple[bool, Message | None]:
+        """When ``data`` (read from ``offset``) is what this mailbox's next read would
+        read, take it as that read would (pending, unconsumed) and consume the answer in
+        it, so that the answer is read and decoded once: (True, the answer or None).
+        (False, None) when it is not that read (the cursor not loaded yet, another
+        thread read on)."""
+        with self._lock:
+            if self._cursor is None or self._scanned != offset or self._compact_due:
+                return False, None
+            before = len(self._pending)
+            try:
+                self._take_lines(self._cursor, data, offset, True)
+            except BaseException:
+                self._cursor = None  # read again from the cursor on disk
+                raise
+            for _, message in itertools.islice(self._pending, before, None):
+                if answers(message):
+                    self.consume(message)
+                    return True, message
+            return True, None
 
 
 def _find(entries: deque[tuple[int, Message]], message: Message) -> int:

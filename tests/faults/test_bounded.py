@@ -17,6 +17,7 @@ import pytest
 from ralph_mail import MessageBus, Team, create_team
 from ralph_mail.store.files import FileStore
 from ralph_mail.store.files.indexes import KEPT, THREAD_BUCKETS
+from ralph_mail.store.files.records import PRESENCE_KEPT
 from ralph_mail.store.files.team import LOGS_KEPT
 from tests.helpers.processes import BOUND_S, Processes, cli_env
 
@@ -272,3 +273,22 @@ def test_a_thread_begun_in_a_file_of_its_own_is_still_found(team: Team) -> None:
     assert store.index_tail("thread+0000000000aa", 5) == [("lead", 0, 10), ("worker-1", 10, 20)]
     assert store.index_tail("thread+0000000000aa", 1) == [("worker-1", 10, 20)]
     store.close()
+
+
+def test_presence_descriptors_are_kept_least_recently_used(home: Path) -> None:
+    """Reading the presence of 30 agents leaves at most PRESENCE_KEPT presence files open,
+    and each read sees the newest record, a file deleted meanwhile included."""
+    names = [f"w{n}" for n in range(30)]
+    create_team("many", ["lead", *names], home=home)
+    store = FileStore(home, "many")
+    for name in names:
+        store.save_presence(name, f'{{"state": "{name}"}}'.encode())
+    reader = FileStore(home, "many")
+    assert all(reader.load_presence(name) == f'{{"state": "{name}"}}'.encode() for name in names)
+    assert len(reader._presence) <= PRESENCE_KEPT
+    store.save_presence("w29", b'{"state": "again"}')
+    assert reader.load_presence("w29") == b'{"state": "again"}'  # read through the kept one
+    os.unlink(store.root / "presence" / "w29.slot")
+    assert reader.load_presence("w29") is None
+    store.close()
+    reader.close()

@@ -23,7 +23,7 @@ from ralph_mail import MessageBus, Team, create_team
 from ralph_mail.errors import MailError
 from ralph_mail.maintenance import doctor
 from ralph_mail.settings import wait_mechanism
-from ralph_mail.store.files import FileStore
+from ralph_mail.store.files import FileStore, bells
 from ralph_mail.store.files.bells import survey
 from tests.helpers.processes import BOUND_S, Processes, cli_env
 
@@ -109,6 +109,94 @@ def test_a_killed_waiter_leaves_nothing_behind_after_the_next_send(
     sender.send("lead", "text", "anyone?")
     assert os.listdir(bells) == []
     assert [m.content for m in MessageBus("demo", "lead").poll()] == ["anyone?"]
+
+
+def _fifos_open() -> int:
+    count = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            count += stat.S_ISFIFO(os.stat(f"/proc/self/fd/{name}").st_mode)
+        except OSError:  # the listing's own descriptor, closed meanwhile
+            continue
+    return count
+
+
+def _settle(directory: Path) -> None:
+    """Date ``directory`` 10 s back: its listing may be kept (bells._SETTLED_NS)."""
+    then = time.time_ns() - 10_000_000_000
+    os.utime(directory, ns=(then, then))
+
+
+def test_a_sender_rings_kept_doorbells_without_listing_and_sees_a_new_waiter(
+    team: Team, procs: Processes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sender keeps the FIFOs it rang open, and rings them again without listing the
+    key's directory; a waiter that registers later changes the directory, and the next
+    send lists it again and wakes that waiter too."""
+    store = team.store
+    assert isinstance(store, FileStore)
+    sender = MessageBus("demo", "worker-1")
+    first = store.waiter(["lead"])
+    second = None
+    try:
+        _settle(store.root / "bells" / "lead")
+        sender.send("lead", "text", "one")  # listed, and kept
+        assert first.wait(0.0)
+        listings: list[object] = []
+        real_listdir = bells.os.listdir
+        monkeypatch.setattr(bells.os, "listdir", lambda p: listings.append(p) or real_listdir(p))
+        sender.send("lead", "text", "two")
+        assert first.wait(0.0) and listings == []  # rung through the kept FIFO
+        second = FileStore(team.home, team.name).waiter(["lead"])  # another process's, as it were
+        sender.send("lead", "text", "three")
+        assert len(listings) == 1  # the directory changed: listed again
+        assert first.wait(0.0) and second.wait(0.0)
+    finally:
+        first.close()
+        if second is not None:
+            second.close()
+        sender.close()
+
+
+def test_a_kept_doorbell_whose_waiter_died_is_unlinked_at_the_next_send(
+    team: Team, procs: Processes
+) -> None:
+    """A waiter killed after a sender kept its FIFO open: the sender's next ring finds
+    it without a reader, lists the key again and unlinks it, and the message lands."""
+    waiter = procs.python(WAITER, env=cli_env(team.home))
+    assert waiter.stdout is not None and waiter.stdout.readline() == b"ready\n"
+    directory = team.store.root / "bells" / "lead"
+    _settle(directory)
+    sender = MessageBus("demo", "worker-1")
+    sender.send("lead", "text", "rung and kept")
+    waiter.send_signal(signal.SIGKILL)
+    waiter.wait(timeout=BOUND_S)
+    sender.send("lead", "text", "anyone?")
+    assert os.listdir(directory) == []
+    assert [m.content for m in MessageBus("demo", "lead").poll()] == ["rung and kept", "anyone?"]
+    sender.close()
+
+
+def test_kept_doorbells_are_bounded(home: Path) -> None:
+    """Ringing 40 waited-on inboxes leaves at most RINGS_KEPT FIFOs open in the sender,
+    the least recently rung closed first."""
+    names = [f"w{n}" for n in range(40)]
+    create_team("many", ["lead", *names], home=home)
+    store = FileStore(home, "many")
+    waiters = [store.waiter([name]) for name in names]
+    try:
+        for name in names:
+            _settle(store.root / "bells" / name)
+        sender = MessageBus("many", "lead", home=home)
+        before = _fifos_open()
+        for name in names:
+            sender.send(name, "text", "hi")
+        assert 0 < _fifos_open() - before <= bells.RINGS_KEPT
+        assert all(waiter.wait(0.0) for waiter in waiters)
+        sender.close()
+    finally:
+        for waiter in waiters:
+            waiter.close()
 
 
 def test_a_closed_waiter_takes_its_doorbell_away(team: Team) -> None:

@@ -12,6 +12,10 @@ Why no wake-up is lost: the waiter links its FIFO *before* it reads its inbox, a
 sender lists the FIFOs *after* its append. A sender that did not see the link appended
 before the link was made, so the waiter's read finds the line.
 
+A sender keeps the FIFOs it rang open (16 at most) and rings them again without listing
+while the key's directory keeps the time it had when listed (`_Rings`): a link changes
+it, and the sender looks at it (one stat) after its append, so the argument holds.
+
 Why a killed waiter costs nothing: the waiter holds its FIFO open read-write, so the
 FIFO has a reader exactly while the process lives. Opening a FIFO for writing without
 blocking fails with ENXIO when it has no reader: the sender that meets a dead waiter's
@@ -29,12 +33,16 @@ import errno
 import os
 import select
 import stat
+import threading
+import time
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Final
 
 from ralph_mail.settings import FILE_MODE
 from ralph_mail.store.files.layout import TeamDirs
-from ralph_mail.store.files.posix import open_dir, pid_alive, wait_readable
+from ralph_mail.store.files.posix import my_pid, open_dir, pid_alive, wait_readable
 
 #: The team's directory of doorbells, and the one of notes left by polling waiters.
 BELLS = "bells"
@@ -42,6 +50,12 @@ POLLING = ".polling"
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _RING = os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+_GONE = select.POLLERR | select.POLLHUP | select.POLLNVAL
+
+#: How many FIFOs one process keeps open to ring again (see `_Rings`).
+RINGS_KEPT: Final = 16
+#: A listing is kept only of a directory last changed at least this long before (ns).
+_SETTLED_NS: Final = 100_000_000
 
 
 def ring(dirs: TeamDirs, key: str) -> None:
@@ -55,10 +69,113 @@ def ring(dirs: TeamDirs, key: str) -> None:
         # faccessat: the usual answer (nobody waits) without an exception, under 1 µs.
         if not os.access(where, os.F_OK, dir_fd=root, follow_symlinks=False):
             return
-        listing = os.open(where, _DIR, dir_fd=root)
+        status = os.stat(where, dir_fd=root, follow_symlinks=False)
     except Exception:  # the team is gone, or the directory went meanwhile
         return
-    _ring_listed(listing)
+    _RINGS.ring(root, where, (str(dirs.root), key), status)
+
+
+class _Listing:
+    """The FIFOs of one key, open for ringing, as its directory was when listed."""
+
+    __slots__ = ("fds", "inode", "mtime", "poller")
+
+    def __init__(self, inode: int, mtime: int, fds: list[int]) -> None:
+        self.inode, self.mtime, self.fds = inode, mtime, fds
+        self.poller = select.poll()
+        for fd in fds:
+            self.poller.register(fd, select.POLLOUT)
+
+
+class _Rings:
+    """The FIFOs a process rang, kept open (`RINGS_KEPT` at most, the least recently used
+    closed first) so that ringing the same waiters again is a stat, a poll and a write
+    each, not a listing and an open and close of every FIFO.
+
+    A kept listing is used while its directory's inode and time stay as they were when
+    listed: a waiter that links its FIFO changes the time. The time comes from a clock
+    that ticks every few milliseconds, so a directory changed less than `_SETTLED_NS`
+    before its listing is listed again at every ring. The poll finds a FIFO whose waiter
+    died (no reader left: POLLERR), and the key is listed again, which unlinks it.
+    """
+
+    def __init__(self) -> None:
+        self._kept: OrderedDict[tuple[str, str], _Listing] = OrderedDict()
+        self._fds = 0
+        self._pid = my_pid()
+        # A kept descriptor is used and closed under this lock: a thread never writes to
+        # a descriptor another closed (or that was reused for another file).
+        self._lock = threading.Lock()
+
+    def ring(self, root: int, where: str, name: tuple[str, str], status: os.stat_result) -> None:
+        with self._lock:
+            if self._pid != my_pid():  # inherited through fork: not ours to close
+                self._kept.clear()
+                self._fds, self._pid = 0, my_pid()
+            listing = self._kept.get(name)
+            if listing is not None:
+                if (listing.inode, listing.mtime) == (status.st_ino, status.st_mtime_ns):
+                    self._kept.move_to_end(name)
+                    if _ring_kept(listing):
+                        return
+                self._drop(name)
+            listing = _ring_listing(root, where, status)
+            if listing is not None and listing.fds:
+                self._kept[name] = listing
+                self._fds += len(listing.fds)
+                while self._fds > RINGS_KEPT:
+                    self._drop(next(iter(self._kept)))
+
+    def _drop(self, name: tuple[str, str]) -> None:
+        listing = self._kept.pop(name)
+        self._fds -= len(listing.fds)
+        _close_all(listing.fds)
+
+
+def _ring_kept(listing: _Listing) -> bool:
+    """Ring each FIFO of a kept listing; False when one has lost its reader (list again)."""
+    try:
+        if any(events & _GONE for _, events in listing.poller.poll(0)):
+            return False
+        for fd in listing.fds:
+            with contextlib.suppress(BlockingIOError):  # full, so rung already
+                os.write(fd, b"\0")
+    except OSError:  # its waiter died since the poll
+        return False
+    return True
+
+
+def _ring_listing(root: int, where: str, status: os.stat_result) -> _Listing | None:
+    """List the key's FIFOs and ring each; the listing, with its FIFOs open, when it may
+    be kept (see `_Rings`), else None (and they are closed)."""
+    listed = time.time_ns()
+    fds: list[int] = []
+    try:
+        listing = os.open(where, _DIR, dir_fd=root)
+    except OSError:
+        return None
+    try:
+        for name in os.listdir(listing):
+            fd = _ring_one(listing, name)
+            if fd >= 0:
+                fds.append(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(listing)
+    if status.st_mtime_ns > listed - _SETTLED_NS or len(fds) > RINGS_KEPT:
+        _close_all(fds)
+        return None
+    return _Listing(status.st_ino, status.st_mtime_ns, fds)
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+_RINGS = _Rings()
 
 
 def ring_all(team: str) -> None:
@@ -80,28 +197,36 @@ def ring_all(team: str) -> None:
 def _ring_listed(listing: int) -> None:
     try:
         for name in os.listdir(listing):
-            _ring_one(listing, name)
+            fd = _ring_one(listing, name)
+            if fd >= 0:
+                os.close(fd)
     except OSError:
         pass
     finally:
         os.close(listing)
 
 
-def _ring_one(listing: int, name: str) -> None:
+def _ring_one(listing: int, name: str) -> int:
+    """Ring FIFO ``name``; its descriptor, open for writing, or -1 when it is not a live
+    doorbell (a dead waiter's is unlinked, once)."""
     try:
         fd = os.open(name, _RING, dir_fd=listing)
     except OSError as exc:
         if exc.errno == errno.ENXIO:  # no reader: its waiter died without unlinking it
             with contextlib.suppress(OSError):
                 os.unlink(name, dir_fd=listing)
-        return
+        return -1
     try:
-        if stat.S_ISFIFO(os.fstat(fd).st_mode):  # anything else is not ours to write
-            os.write(fd, b"\0")
-    except OSError:  # EAGAIN: full, so rung already
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):  # anything else is not ours to write
+            os.close(fd)
+            return -1
+        os.write(fd, b"\0")
+    except BlockingIOError:  # full, so rung already
         pass
-    finally:
+    except OSError:
         os.close(fd)
+        return -1
+    return fd
 
 
 class Bell:

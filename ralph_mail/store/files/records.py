@@ -14,7 +14,7 @@ import os
 import struct
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Final
 
 from ralph_mail.store.base import check_key
 from ralph_mail.store.files.deadletters import DeadLetters
@@ -29,6 +29,10 @@ _RING_HEAD = struct.Struct("<QQ")  # limit, head: the slot of the oldest time
 _RING_SLOT = struct.Struct("<d")
 
 
+#: How many presence files one store keeps open (a teammate's is read at each ask).
+PRESENCE_KEPT: Final = 8
+
+
 class Records(TeamFiles):
     """Presence, state, rates, indexes and dead letters (mixed into `FileStore`)."""
 
@@ -40,21 +44,31 @@ class Records(TeamFiles):
         Every process of the agent saves it (a runner, a ``presence`` command), so each
         save reads the newest sequence number first: a save numbered after what this
         process last wrote would lose to another's higher one, unread."""
-        dirs = self.dirs
-        slots = self._presence.get(agent)
-        if slots is None:
-            slots = self._presence[agent] = SlotFile(
-                lambda: dirs.get("presence"), f"{agent}.slot", f"presence of {agent!r}"
-            )
-        slots.refresh()
-        slots.save(record)
+        with self._presence_lock:
+            slots = self._presence_slots(agent)
+            slots.refresh()
+            slots.save(record)
 
     def load_presence(self, agent: str) -> bytes | None:
         """The last presence record saved for ``agent`` (None: never)."""
+        with self._presence_lock:
+            return self._presence_slots(agent).load(keep=True)
+
+    def _presence_slots(self, agent: str) -> SlotFile:
+        """``agent``'s presence file, its descriptor kept: `PRESENCE_KEPT` of them at
+        most, the least recently used closed first (under ``_presence_lock``)."""
+        kept = self._presence
+        slots = kept.get(agent)
+        if slots is not None:
+            kept.move_to_end(agent)
+            return slots
         dirs = self.dirs
-        return SlotFile(
+        slots = kept[agent] = SlotFile(
             lambda: dirs.get("presence"), f"{agent}.slot", f"presence of {agent!r}"
-        ).load()
+        )
+        while len(kept) > PRESENCE_KEPT:
+            kept.popitem(last=False)[1].close()
+        return slots
 
     # -- small keyed state -----------------------------------------------------------------
 

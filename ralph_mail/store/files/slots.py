@@ -54,22 +54,39 @@ class SlotFile:
         self._seq = 0
         self._slot = PAGE
 
-    def load(self) -> bytes | None:
-        """The newest whole record's payload; None when nothing was ever saved."""
+    def load(self, *, keep: bool = False) -> bytes | None:
+        """The newest whole record's payload; None when nothing was ever saved.
+
+        ``keep``: read through the kept descriptor (opened for it if need be, and kept
+        for the next load or save): a file read again and again (a teammate's presence,
+        at each ask) costs no open and close each time.
+        """
         try:
-            fd = open_file(self.name, os.O_RDONLY, self._directory())
+            status = os.fstat(self._fd) if keep and self._fd >= 0 else None
+            if status is not None and not status.st_nlink:
+                self.close()  # deleted or replaced: open the one there now
+                status = None
+            if status is None:
+                flags = os.O_RDWR if keep else os.O_RDONLY
+                fd = open_file(self.name, flags, self._directory())
+                if keep:
+                    self._fd = fd
+                status = os.fstat(fd)
+            else:
+                fd = self._fd
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise store_error(exc, self.label, "read") from None
         try:
-            self._slot = max(os.fstat(fd).st_size // 2, PAGE)
+            self._slot = max(status.st_size // 2, PAGE)
             slots = [self._read_slot(fd, start) for start in (0, self._slot)]
             legacy = self._legacy is not None and any(slot.strip(b"\0") for slot in slots)
             if legacy and not any(self._decode(slot) for slot in slots):
                 slots = [os.pread(fd, self._slot, start) for start in (0, self._slot)]
         finally:
-            os.close(fd)
+            if not keep:
+                os.close(fd)
         best: tuple[int, bytes] | None = None
         for slot in slots:
             found = self._decode(slot)

@@ -62,7 +62,8 @@ class TeamFiles:
         self._maps: dict[str, mmap.mmap] = {}  # state files shared through mmap
         self._versions: dict[str, tuple[int, float, tuple[int, ...] | None]] = {}
         self._search: SearchIndex | None = None
-        self._presence: dict[str, SlotFile] = {}
+        self._presence: OrderedDict[str, SlotFile] = OrderedDict()  # the last used, last
+        self._presence_lock = threading.Lock()
         # Per inbox owner: the last floor and time in its commits file, records appended.
         self._commit_state: dict[str, list[int]] = {}
         self._generation = 0
