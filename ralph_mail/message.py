@@ -273,8 +273,9 @@ def new_id() -> str:
         return _FRESH.pop()
 
 
-_ts_second = -1
-_ts_prefix = ""
+#: The date and time to the second of the last few seconds formatted: they change once
+#: a second, and a presence check formats two (now, and now less the timeout).
+_ts_prefixes: dict[int, str] = {}
 
 
 def format_ts(micros: int) -> str:
@@ -283,12 +284,13 @@ def format_ts(micros: int) -> str:
     >>> format_ts(1_700_000_000_123_456)
     '2023-11-14T22:13:20.123456Z'
     """
-    global _ts_second, _ts_prefix
     second, fraction = divmod(micros, 1_000_000)
-    if second != _ts_second:  # the date and time to the second change once a second
-        _ts_prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        _ts_second = second
-    return f"{_ts_prefix}.{fraction:06d}Z"
+    prefix = _ts_prefixes.get(second)
+    if prefix is None:
+        if len(_ts_prefixes) >= 8:
+            _ts_prefixes.clear()
+        prefix = _ts_prefixes[second] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+    return f"{prefix}.{fraction:06d}Z"
 
 
 def parse_ts(ts: str) -> float:

@@ -65,14 +65,9 @@ def ring(dirs: TeamDirs, key: str) -> None:
     """
     try:
         root = dirs.root_fd()
-        where = f"{BELLS}/{key}"
-        # faccessat: the usual answer (nobody waits) without an exception, under 1 µs.
-        if not os.access(where, os.F_OK, dir_fd=root, follow_symlinks=False):
-            return
-        status = os.stat(where, dir_fd=root, follow_symlinks=False)
+        _RINGS.ring(root, f"{BELLS}/{key}", (root, key))
     except Exception:  # the team is gone, or the directory went meanwhile
         return
-    _RINGS.ring(root, where, (str(dirs.root), key), status)
 
 
 class _Listing:
@@ -90,43 +85,54 @@ class _Listing:
 class _Rings:
     """The FIFOs a process rang, kept open (`RINGS_KEPT` at most, the least recently used
     closed first) so that ringing the same waiters again is a stat, a poll and a write
-    each, not a listing and an open and close of every FIFO.
+    each, not a lookup, a listing and an open and close of every FIFO.
 
-    A kept listing is used while its directory's inode and time stay as they were when
-    listed: a waiter that links its FIFO changes the time. The time comes from a clock
-    that ticks every few milliseconds, so a directory changed less than `_SETTLED_NS`
-    before its listing is listed again at every ring. The poll finds a FIFO whose waiter
-    died (no reader left: POLLERR), and the key is listed again, which unlinks it.
+    A listing is kept under the team directory's descriptor and the key (a descriptor
+    closed and reused for another team finds another inode). It is used while its
+    directory's inode and time stay as they were when listed: a waiter that links its
+    FIFO changes the time. The time comes from a clock that ticks every few milliseconds,
+    so a directory changed less than `_SETTLED_NS` before its listing is listed again at
+    every ring. The poll finds a FIFO whose waiter died (no reader left: POLLERR), and
+    the key is listed again, which unlinks it.
     """
 
     def __init__(self) -> None:
-        self._kept: OrderedDict[tuple[str, str], _Listing] = OrderedDict()
+        self._kept: OrderedDict[tuple[int, str], _Listing] = OrderedDict()
         self._fds = 0
         self._pid = my_pid()
         # A kept descriptor is used and closed under this lock: a thread never writes to
         # a descriptor another closed (or that was reused for another file).
         self._lock = threading.Lock()
 
-    def ring(self, root: int, where: str, name: tuple[str, str], status: os.stat_result) -> None:
+    def ring(self, root: int, where: str, name: tuple[int, str]) -> None:
+        # faccessat: the usual answer (nobody waits) without an exception, under 1 µs.
+        if name not in self._kept and not os.access(where, os.F_OK, dir_fd=root,
+                                                    follow_symlinks=False):  # fmt: skip
+            return
         with self._lock:
             if self._pid != my_pid():  # inherited through fork: not ours to close
                 self._kept.clear()
                 self._fds, self._pid = 0, my_pid()
             listing = self._kept.get(name)
             if listing is not None:
+                try:
+                    status = os.stat(where, dir_fd=root, follow_symlinks=False)
+                except OSError:  # nobody waits any more
+                    self._drop(name)
+                    return
                 if (listing.inode, listing.mtime) == (status.st_ino, status.st_mtime_ns):
                     self._kept.move_to_end(name)
                     if _ring_kept(listing):
                         return
                 self._drop(name)
-            listing = _ring_listing(root, where, status)
+            listing = _ring_listing(root, where)
             if listing is not None and listing.fds:
                 self._kept[name] = listing
                 self._fds += len(listing.fds)
                 while self._fds > RINGS_KEPT:
                     self._drop(next(iter(self._kept)))
 
-    def _drop(self, name: tuple[str, str]) -> None:
+    def _drop(self, name: tuple[int, str]) -> None:
         listing = self._kept.pop(name)
         self._fds -= len(listing.fds)
         _close_all(listing.fds)
@@ -145,22 +151,24 @@ def _ring_kept(listing: _Listing) -> bool:
     return True
 
 
-def _ring_listing(root: int, where: str, status: os.stat_result) -> _Listing | None:
+def _ring_listing(root: int, where: str) -> _Listing | None:
     """List the key's FIFOs and ring each; the listing, with its FIFOs open, when it may
     be kept (see `_Rings`), else None (and they are closed)."""
-    listed = time.time_ns()
     fds: list[int] = []
     try:
         listing = os.open(where, _DIR, dir_fd=root)
     except OSError:
         return None
     try:
+        status = os.fstat(listing)  # before the listing: a link made after changes it
+        listed = time.time_ns()
         for name in os.listdir(listing):
             fd = _ring_one(listing, name)
             if fd >= 0:
                 fds.append(fd)
     except OSError:
-        pass
+        _close_all(fds)
+        return None
     finally:
         os.close(listing)
     if status.st_mtime_ns > listed - _SETTLED_NS or len(fds) > RINGS_KEPT:
