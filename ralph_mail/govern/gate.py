@@ -49,6 +49,9 @@ if TYPE_CHECKING:
     from ralph_mail.mailbox import Mailbox
 
 _NO_POLICY: Final = Policy()  # no policy saved: everything is allowed
+#: How long an ask trusts that an agent it found there is still there (s). An agent's
+#: activity is noted once a second at most, so its presence is no finer than that.
+THERE_S: Final = 1.0
 #: The team protocols' requests, let through between a member and the lead.
 PROTOCOL_REQUESTS: Final = frozenset({
     MessageType.STATUS_UPDATE, MessageType.PLAN_SUBMISSION, MessageType.SHUTDOWN_REQUEST,
@@ -86,6 +89,7 @@ class Gate:
         self._decisions: dict[tuple[str, str, bool], Decision] = {}
         self._decisions_team: object = None
         self._rate_key = f"rate.{box.agent}"
+        self._there: dict[str, float] = {}  # agent asked -> when it was found there
 
     def _box(self) -> Mailbox:
         box = self._ref()
@@ -223,9 +227,7 @@ class Gate:
         if "thread" in envelope:
             self._loop_guard(str(envelope["thread"]), envelope.get("visibility"), in_thread)
         if waits:  # an ask waits for its answer: not from an agent that is not there
-            from ralph_mail.govern import presence
-
-            presence.require_online(box, to)
+            self._require_there(to)
         if to == BROADCAST_ADDRESS:
             recipients = [name for name in box.refresh_team().names if name != sender]
             return self._govern(recipients, "contact", False)
@@ -236,6 +238,20 @@ class Gate:
             return ""
         protocol = kind in PROTOCOL_REQUESTS and box.team.lead in (sender, to)
         return self._govern([to], answer or "contact", protocol)
+
+    def _require_there(self, to: str) -> None:
+        """`AgentOffline` unless ``to`` is online or sleeping (`presence.require_online`).
+        An agent found there is trusted to be for `THERE_S`: asks in a loop read its
+        presence once a second, not at each ask."""
+        now = time.monotonic()
+        if now - self._there.get(to, -THERE_S) < THERE_S:
+            return
+        from ralph_mail.govern import presence
+
+        presence.require_online(self._box(), to)
+        if len(self._there) >= 64:
+            self._there.clear()
+        self._there[to] = now
 
     def check_budget(self) -> None:
         """`BudgetExceeded` when my agent's jobs spent its budget (``ralph-mail run``

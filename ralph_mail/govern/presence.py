@@ -6,7 +6,9 @@ online) or when it was active within the team's ``presence_timeout`` (default 60
 any send, read or wait, even one that found no mail, and `MessageBus.set_presence`.
 An explicit ``sleeping`` is reported until its ``until``, process or not. A process that
 stops cleanly says so (`went_offline`): the agent is offline from then on, not for
-``presence_timeout`` more, until anything of it is active again.
+``presence_timeout`` more, until anything of it is active again. (A process that asked
+the agent within the second before trusts what it found then: asks in a loop read
+presence once a second, as activity is noted.)
 
 Example:
     >>> [(a.name, a.presence) for a in bus.agents()]        # doctest: +SKIP

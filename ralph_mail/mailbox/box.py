@@ -136,6 +136,7 @@ class Mailbox(Consuming):
         #: Requests this process asks now, each waiting for its own reply: a `poll` in
         #: another thread (an MCP server's check_inbox) leaves their replies to them.
         self.asking: set[str] = set()
+        self._received: dict[str, Message] = {}  # requests read lately, by id (`received`)
         self._touched = -_TOUCH_EVERY_S  # when this mailbox last noted its agent as active
         self._myself: tuple[Team, Member] | None = None
         #: The agents the request this process handles passed through (``RALPH_CHAIN``):

@@ -28,6 +28,8 @@ from ralph_mail.store.base import Cursor, StopEvent, TeamStore, Waiter
 
 _T = TypeVar("_T")
 
+#: How many of the requests read lately a mailbox remembers (`Consuming.received`).
+_RECEIVED_KEPT = 64
 #: Above this many lines a read runs with the cyclic GC paused: it is 3.5x faster on big
 #: backlogs, where the GC would otherwise rescan every new message (MEASUREMENTS.md §4).
 _GC_PAUSE_LINES = 2000
@@ -62,6 +64,7 @@ class Consuming:
     _lock: threading.RLock
     _ask_local: threading.local
     _ask_waiters: list[tuple[threading.Thread, Waiter]]
+    _received: dict[str, Message]
 
     if TYPE_CHECKING:  # given by `Mailbox`
 
@@ -139,6 +142,7 @@ class Consuming:
         try:
             messages, clean = decode_lines(lines)
             clean = self._trust(messages, may_be_signed(data)) and clean
+            self._note_requests(messages)
             if clean and not cursor.acked and not starts:
                 self._pending.extend(zip(repeat(-1), messages))  # type: ignore[arg-type]
                 self._scanned = offset + len(data)
@@ -159,6 +163,19 @@ class Consuming:
         finally:
             if paused:
                 gc.enable()
+
+    def _note_requests(self, messages: list[Message | str]) -> None:
+        """Remember the last requests read from my inbox (`received`)."""
+        for message in messages:
+            if isinstance(message, Message) and message.type == MessageType.REQUEST:
+                if len(self._received) >= _RECEIVED_KEPT:
+                    self._received.clear()
+                self._received[message.id] = message
+
+    def received(self, message: Message) -> bool:
+        """Whether ``message`` is a request this mailbox read from my inbox lately (as
+        read, every field: one made up by a caller is not)."""
+        return self._received.get(message.id) == message
 
     def _set_aside(self, start: int, line: bytes, reason: str) -> None:
         try:

@@ -105,7 +105,7 @@ def reply(
     """`MessageBus.reply`: answer ``message``; a request is answered once."""
     in_thread = None
     if message.type == MessageType.REQUEST:
-        in_thread = box.indexed(f"thread+{message.thread}", ALL)
+        in_thread = _thread_of_request(box, message)
         for earlier in in_thread:
             mine = earlier.from_agent == box.agent and earlier.reply_to == message.id
             if mine and earlier.type == MessageType.REPLY:
@@ -113,6 +113,21 @@ def reply(
     return box._send(message.from_agent, MessageType.REPLY, content, metadata, message.id,
                      None, message.thread, priority, ack, visibility,
                      in_thread=in_thread)  # fmt: skip
+
+
+def _thread_of_request(box: Mailbox, request: Message) -> list[Message]:
+    """The thread of ``request`` as its reply needs it: to find an earlier reply of mine,
+    for the Gate to see what it answers and for the loop guard.
+
+    A request this mailbox read just now, alone in its thread (one entry, in my inbox,
+    or none yet: its sender notes it just after its append), is its whole thread: no
+    line needs reading. Anything more, and the thread is read."""
+    key = f"thread+{request.thread}"
+    if box.received(request):
+        entries = box.store.index_tail(key, 2)
+        if len(entries) <= 1 and all(inbox == box.agent for inbox, _, _ in entries):
+            return [request]
+    return box.indexed(key, ALL)
 
 
 def acknowledge(box: Mailbox, message: Message) -> Message:

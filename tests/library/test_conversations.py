@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -53,6 +54,30 @@ def test_ask_returns_the_reply_and_consumes_it_alone(team: Team) -> None:
     server.join(30)
     assert (answer.content, answer.type) == ("re: Q4 revenue?", "reply")
     assert [m.content for m in asker.poll()] == ["unrelated"]
+
+
+def test_a_reply_to_a_request_just_read_alone_in_its_thread_reads_no_line(
+    team: Team, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replying to a request this bus just read, the only message of its thread, reads no
+    line of the thread (what it needs is in hand); replying again reads the thread and
+    returns the first reply; a request made up by the caller is looked up in full."""
+    asker, replier = MessageBus("demo", "lead"), MessageBus("demo", "worker-1")
+    asker.send("worker-1", "request", "first?")
+    (request,) = replier.poll()
+    lines: list[object] = []
+    read_line = replier.store.read_line
+    monkeypatch.setattr(replier.store, "read_line", lambda *a: lines.append(a) or read_line(*a))
+    answer = replier.reply(request, "yes")
+    assert lines == [] and answer.reply_to == request.id
+    assert replier.reply(request, "yes again").id == answer.id  # answered once
+    assert lines  # the thread held the reply: it was read
+    lines.clear()
+    asker.send("worker-1", "request", "second?")
+    (other,) = replier.poll()
+    made_up = dataclasses.replace(other, content="another question")  # never read as such
+    replier.reply(made_up, "looked up")
+    assert lines  # its thread was read: only what was read is taken as read
 
 
 def test_the_request_carries_context_priority_and_chain(team: Team) -> None:

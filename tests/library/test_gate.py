@@ -233,3 +233,33 @@ def test_a_job_of_run_speaks_for_its_agent_alone(crew: Team) -> None:
                  RALPH_AGENT="intern", RALPH_AGENT_FIXED="1")  # fmt: skip
     assert done.returncode == 4 and b"acts for intern" in done.stderr
     assert MessageBus("crew", "writer").peek() == []
+
+
+def test_asks_in_a_loop_read_the_presence_of_the_agent_asked_once_a_second(
+    crew: Team, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent found there is trusted to be for THERE_S: two asks within it read its
+    presence once, an ask after it reads it again, and one that finds it offline is
+    refused."""
+    from ralph_mail.errors import AgentOffline
+    from ralph_mail.govern import gate, presence
+
+    clock = [1000.0]
+    monkeypatch.setattr(gate.time, "monotonic", lambda: clock[0])
+    looked: list[str] = []
+    real = presence.require_online
+    monkeypatch.setattr(
+        presence, "require_online", lambda box, to: looked.append(to) or real(box, to)
+    )
+    with MessageBus("crew", "boss") as boss, MessageBus("crew", "intern") as intern:
+        intern.set_presence("idle")
+        request = boss.envelope("intern", "request", "there?", None)
+        assert boss.gate.check(dict(request), waits=True) == ""
+        clock[0] += gate.THERE_S / 2
+        assert boss.gate.check(dict(request), waits=True) == ""
+        assert looked == ["intern"]
+        presence.went_offline(intern.store, "intern")
+        clock[0] += gate.THERE_S
+        with pytest.raises(AgentOffline):
+            boss.gate.check(dict(request), waits=True)
+        assert looked == ["intern", "intern"]
