@@ -27,6 +27,7 @@ used is closed first), so a process that lives through a million threads holds a
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import struct
@@ -198,9 +199,11 @@ class IndexFiles:
             self._fds.clear()
 
 
+@functools.lru_cache(maxsize=256)
 def _file_of(key: str) -> tuple[str, bytes | None]:
     """The file index ``key`` is kept in, and the thread id its entries carry (None: a
-    file of its own)."""
+    file of its own). Kept for the last keys: a thread's is asked for at its start, at
+    each entry and at each look."""
     if not _INDEX_KEY.fullmatch(key):
         raise StoreError(f"invalid index key {key!r}")
     kind, _, rest = key.partition("+")
