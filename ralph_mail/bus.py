@@ -32,20 +32,17 @@ if TYPE_CHECKING:
 else:  # the rooms load on first use: a send from a shell loop pays for none of them
 
     class _Room:
-        # A plain import at the first attribute read: one that fails (a Ctrl-C in it)
-        # leaves nothing half-made behind, as importlib's LazyLoader would. The module is
-        # kept once imported: a reply in a loop does not go through the import system.
+        # A plain import at the first attribute read (one that fails, a Ctrl-C in it,
+        # leaves nothing half-made, as importlib's LazyLoader would), then kept.
         def __init__(self, name: str) -> None:
-            self._name = f"ralph_mail.{name}"
-            self._module: object = None
+            self._name, self._module = f"ralph_mail.{name}", None
 
         def __getattr__(self, attribute: str) -> object:
-            module = self._module
-            if module is None:
+            if self._module is None:
                 from importlib import import_module
 
-                module = self._module = import_module(self._name)
-            return getattr(module, attribute)
+                self._module = import_module(self._name)  # type: ignore[assignment]
+            return getattr(self._module, attribute)
 
     rooms = ("govern.approvals", "govern.policy", "govern.presence", "talk.ask", "talk.history",
              "talk.receipts", "talk.tasks")  # fmt: skip
