@@ -158,6 +158,35 @@ def test_a_sender_rings_kept_doorbells_without_listing_and_sees_a_new_waiter(
         sender.close()
 
 
+def test_a_directory_stamped_in_whole_seconds_is_listed_until_it_settled(
+    team: Team, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key's directory whose time is a whole second (a file system that counts
+    seconds) changed a second ago: a link in the same second would not change it, so
+    the sender lists it at each ring; dated 10 s back, it keeps the listing."""
+    store = team.store
+    assert isinstance(store, FileStore)
+    sender = MessageBus("demo", "worker-1")
+    waiter = store.waiter(["lead"])
+    directory = store.root / "bells" / "lead"
+    try:
+        second = (time.time_ns() // 1_000_000_000 - 1) * 1_000_000_000
+        os.utime(directory, ns=(second, second))
+        listings: list[object] = []
+        real_listdir = bells.os.listdir
+        monkeypatch.setattr(bells.os, "listdir", lambda p: listings.append(p) or real_listdir(p))
+        sender.send("lead", "text", "one")
+        sender.send("lead", "text", "two")
+        assert len(listings) == 2 and waiter.wait(0.0)
+        _settle(directory)
+        for text in ("three", "four"):
+            sender.send("lead", "text", text)
+        assert len(listings) == 3 and waiter.wait(0.0)
+    finally:
+        waiter.close()
+        sender.close()
+
+
 def test_a_kept_doorbell_whose_waiter_died_is_unlinked_at_the_next_send(
     team: Team, procs: Processes
 ) -> None:

@@ -54,8 +54,12 @@ _GONE = select.POLLERR | select.POLLHUP | select.POLLNVAL
 
 #: How many FIFOs one process keeps open to ring again (see `_Rings`).
 RINGS_KEPT: Final = 16
-#: A listing is kept only of a directory last changed at least this long before (ns).
+#: A listing is kept only of a directory last changed at least this long before (ns):
+#: longer than the clock a file system stamps times with ticks. Most (ext4, xfs, btrfs,
+#: tmpfs) stamp with a kernel tick of 1-10 ms; a time in whole seconds may come from one
+#: that counts seconds (ext4 with small inodes, HFS+) or two (FAT).
 _SETTLED_NS: Final = 100_000_000
+_SETTLED_WHOLE_NS: Final = 3_000_000_000
 
 
 def ring(dirs: TeamDirs, key: str) -> None:
@@ -90,9 +94,10 @@ class _Rings:
     A listing is kept under the team directory's descriptor and the key (a descriptor
     closed and reused for another team finds another inode). It is used while its
     directory's inode and time stay as they were when listed: a waiter that links its
-    FIFO changes the time. The time comes from a clock that ticks every few milliseconds,
-    so a directory changed less than `_SETTLED_NS` before its listing is listed again at
-    every ring. The poll finds a FIFO whose waiter died (no reader left: POLLERR), and
+    FIFO changes the time. A file system stamps that time with a coarse clock (a kernel
+    tick, or a whole second), so a directory changed less than `_SETTLED_NS` before its
+    listing (`_SETTLED_WHOLE_NS` for a time in whole seconds) is listed again at every
+    ring. The poll finds a FIFO whose waiter died (no reader left: POLLERR), and
     the key is listed again, which unlinks it.
     """
 
@@ -171,7 +176,8 @@ def _ring_listing(root: int, where: str) -> _Listing | None:
         return None
     finally:
         os.close(listing)
-    if status.st_mtime_ns > listed - _SETTLED_NS or len(fds) > RINGS_KEPT:
+    settled = _SETTLED_NS if status.st_mtime_ns % 1_000_000_000 else _SETTLED_WHOLE_NS
+    if status.st_mtime_ns > listed - settled or len(fds) > RINGS_KEPT:
         _close_all(fds)
         return None
     return _Listing(status.st_ino, status.st_mtime_ns, fds)
