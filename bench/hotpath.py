@@ -115,6 +115,38 @@ def _cpu_per_call(call: Callable[[], object]) -> float:
     return best
 
 
+def _exchange_cpu(rm: ModuleType, ws: Workspace, count: int) -> dict[str, float]:
+    """µs of thread CPU time per phase of an ask's exchange run in one process, nobody
+    waiting: the request sent, read by the replier, answered, the answer read (each
+    consumed). What a round trip between two processes costs beyond this is waking up,
+    and code run after a sleep on a core the other process used."""
+    home = ws.fresh("exchange")
+    rm.create_team("exchange", ["asker", "replier"], home=home)
+    asker = rm.MessageBus("exchange", "asker", home=home)
+    replier = rm.MessageBus("exchange", "replier", home=home)
+    clock = time.thread_time
+    phases = dict.fromkeys(("request", "read", "reply", "answer"), 0.0)
+    try:
+        for n in range(count + count // 10):
+            t0 = clock()
+            asker.send("replier", rm.MessageType.REQUEST, CONTENT)
+            t1 = clock()
+            (request,) = replier.poll()
+            t2 = clock()
+            replier.reply(request, CONTENT)
+            t3 = clock()
+            (_answer,) = asker.poll()
+            t4 = clock()
+            if n >= count // 10:  # the first tenth warms up
+                for phase, spent in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3),
+                                        strict=True):  # fmt: skip
+                    phases[phase] += spent
+    finally:
+        asker.close()
+        replier.close()
+    return {phase: spent / count * 1e6 for phase, spent in phases.items()}
+
+
 def _anchors_cpu(ws: Workspace, raw: Row, peer: Row) -> None:
     """The send's anchors in the same CPU time: a raw O_APPEND write of a line as long,
     and litequeue's put of the same message (when installed)."""
@@ -214,6 +246,10 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
                             "µs", "lower", status=status))  # fmt: skip
     ask_big = sec.add(Row("ask_big", f"ask round trip (p50) in a team of {big_label}", "µs",
                           "lower", anchor=ask_small.key, status=status))  # fmt: skip
+    exchange = sec.add(Row("exchange_cpu", "an ask's exchange in one process, nobody waiting "
+                           "(CPU µs)", "µs", "lower", status=status,
+                           extra={"request_us": [], "read_us": [], "reply_us": [], "answer_us": []},
+                           note="extra: each phase: request, read, reply, answer"))  # fmt: skip
     if isinstance(rm, str):
         return sec
     homes = []
@@ -228,5 +264,9 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
         p50s = _ask_p50s(rm, homes, ASKS if sizes.name != "smoke" else 5)
         for row, p50 in zip((ask_small, ask_big), p50s, strict=True):
             row.values.append(p50)
+        phases = _exchange_cpu(rm, ws, SEND_BATCH if sizes.name != "smoke" else 10)
+        exchange.values.append(sum(phases.values()))
+        for phase, spent in phases.items():
+            exchange.extra[f"{phase}_us"].append(spent)
     _long_lived(rm, ws, sizes.rss_asks, sec)
     return sec
