@@ -289,10 +289,11 @@ class Mailbox(Consuming):
         ``fresh``: the envelope's id was made for it, never sent before: a thread it
         starts is marked as starting here, before any message of it exists, so that a
         look at the thread stops there (an id sent again, a retry, is not marked: the
-        look goes back further, and finds the first sending's answers too)."""
+        look goes back further, and finds the first sending's answers too). An id
+        from `take_marked_id` was marked already."""
         self.seal(envelope)
         head, tail = encode_parts(envelope, self.max_message_bytes)
-        if fresh and envelope["type"] in THREAD_STARTERS:
+        if fresh and envelope["type"] in THREAD_STARTERS and not self._was_marked(envelope):
             try:
                 self._store.index_start(f"thread+{envelope['id']}")
             except MailError as exc:  # only a look at the thread is slower: send on
@@ -302,6 +303,28 @@ class Mailbox(Consuming):
         self.touch()
         self._index(envelope, offset, len(head) + len(TS_PLACEHOLDER) + len(tail))
         return from_envelope(envelope)
+
+    def premark(self) -> None:
+        """Make the id of this thread's next ask and mark its thread's start now (see
+        `_deliver`): an ask does it while it waits for its answer, so the next one does
+        not wait for it. A mark whose id is never used costs its entry, nothing more."""
+        marked = new_id()
+        try:
+            self._store.index_start(f"thread+{marked}")
+        except MailError:  # the next ask marks its thread itself
+            return
+        self._ask_local.marked = marked
+
+    def take_marked_id(self) -> str | None:
+        """The id `premark` made for this thread's next ask, if any, given out once: the
+        envelope made with it is delivered unmarked again (see `_deliver`)."""
+        marked = getattr(self._ask_local, "marked", None)
+        self._ask_local.marked = None
+        self._ask_local.taken = marked
+        return marked
+
+    def _was_marked(self, envelope: dict[str, object]) -> bool:
+        return envelope["id"] == getattr(self._ask_local, "taken", None)
 
     def _index(self, envelope: dict[str, object], offset: int, length: int) -> None:
         """Note where a direct message is, for `history`, `thread` and the Gate.

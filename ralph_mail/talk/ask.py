@@ -52,7 +52,8 @@ def ask(
         extra["context"] = context
     task = _about_task(box, target, extra)
     start = box.reading_from()
-    envelope = box.envelope(target, MessageType.REQUEST, question, extra, None, id,
+    marked = box.take_marked_id() if id is None and task is None else None
+    envelope = box.envelope(target, MessageType.REQUEST, question, extra, None, id or marked,
                             thread=task.assignment if task is not None else None,
                             priority=priority, visibility=visibility,
                             chain=(*box.chain, box.agent))  # fmt: skip
@@ -74,6 +75,8 @@ def ask(
             if not decided:
                 raise PermissionDenied(f"asking {to} was denied by the approver")
             timeout = max(0.0, deadline - time.monotonic())
+        if request.ts:
+            box.premark()  # the next ask's, while the answer is on its way
         return _answer_of(box, request.id, target, start, timeout, stop, fresh=True)
     finally:
         box.asking.discard(request_id)

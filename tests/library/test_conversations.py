@@ -7,8 +7,9 @@ import threading
 
 import pytest
 
-from ralph_mail import MessageBus, MessageType, Team
+from ralph_mail import Message, MessageBus, MessageType, Team
 from ralph_mail.errors import DepthLimit, InvalidMessage, NoReply
+from ralph_mail.team import update_team
 
 
 @pytest.fixture
@@ -78,6 +79,47 @@ def test_a_reply_to_a_request_just_read_alone_in_its_thread_reads_no_line(
     made_up = dataclasses.replace(other, content="another question")  # never read as such
     replier.reply(made_up, "looked up")
     assert lines  # its thread was read: only what was read is taken as read
+
+
+def test_an_ask_marks_the_next_asks_thread_while_it_waits_and_ids_never_repeat(
+    team: Team, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ask marks the start of the next ask's thread while it waits for its answer, so
+    the next ask's write marks nothing; each thread reads back whole; and an id is used
+    once, by a request held for approval too."""
+    server = answer_requests(team, "worker-1", 4)
+    asker = MessageBus("demo", "lead")
+    writing, marks = [False], []
+    index_start, write = asker.store.index_start, asker.write
+    monkeypatch.setattr(asker.store, "index_start",
+                        lambda key: marks.append(writing[0]) or index_start(key))  # fmt: skip
+
+    def timed_write(*args: object, **kwargs: object) -> Message:
+        writing[0] = True
+        try:
+            return write(*args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            writing[0] = False
+
+    monkeypatch.setattr(asker, "write", timed_write)
+    answers = [asker.ask("worker-1", f"question {n}", timeout=30) for n in range(3)]
+    held = MessageBus("demo", "worker-2")
+    held.ask("worker-1", "before", timeout=30)  # delivered: it marks its next ask's thread
+    server.join(30)
+    assert marks.count(True) == 1  # the first ask's own mark; then none
+    assert len({answer.reply_to for answer in answers}) == 3
+    for n, answer in enumerate(answers):
+        assert [m.content for m in asker.thread(answer.thread)] == [
+            f"question {n}",
+            f"re: question {n}",
+        ]
+    update_team("demo", member="worker-2", mode="supervised")  # its asks are held now
+    held.refresh_team()
+    for _ in range(2):
+        with pytest.raises(NoReply):
+            held.ask("worker-1", "may I?", timeout=0.1)
+    waiting = [h.envelope["id"] for h in asker.approvals()]
+    assert len(waiting) == 2 and len(set(waiting)) == 2
 
 
 def test_the_request_carries_context_priority_and_chain(team: Team) -> None:
