@@ -292,3 +292,20 @@ def test_presence_descriptors_are_kept_least_recently_used(home: Path) -> None:
     assert reader.load_presence("w29") is None
     store.close()
     reader.close()
+
+
+def test_a_thread_look_finds_only_its_own_entries_among_lookalikes(team: Team) -> None:
+    """A thread's look in its bucket matches the whole id at an entry's start: not a
+    longer id it begins (in the same bucket), nor an agent named like it."""
+    store = FileStore(team.home, team.name)
+    short = "0123456789ab"
+    bucket = zlib.crc32(short.encode()) % THREAD_BUCKETS
+    longer = next(f"{short}{n:x}" for n in range(100_000)
+                  if zlib.crc32(f"{short}{n:x}".encode()) % THREAD_BUCKETS == bucket)  # fmt: skip
+    store.index_start(f"thread+{short}")
+    store.index_add(f"thread+{short}", "lead", 10, 5)
+    store.index_add(f"thread+{longer}", short, 20, 5)  # the id in the agent field too
+    store.index_add(f"thread+{short}", "lead", 30, 5)
+    assert store.index_tail(f"thread+{short}", 1 << 40) == [("lead", 10, 5), ("lead", 30, 5)]
+    assert store.index_tail(f"thread+{longer}", 1 << 40) == [(short, 20, 5)]
+    store.close()

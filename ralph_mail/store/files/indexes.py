@@ -234,18 +234,22 @@ def _thread_tail(fd: int, thread: bytes, count: int) -> tuple[list[Entry], bool]
     if size % _THREAD_RECORD:  # a fragment somewhere: read it all and step over it
         whole = _valid(pread_all(fd, size, 0), _THREAD_ENTRY)
         return _after_mark([e for e in whole if e[0] == thread], count)
-    needle = _MAGIC + thread.ljust(_THREAD_ID, b"\0")
+    # The bare id is looked for: the whole field, NUL-padded, is found 6x slower (its
+    # NULs meet the padding of every entry). Where it is, the field and the entry's
+    # start are checked.
+    field = _MAGIC + thread.ljust(_THREAD_ID, b"\0")
     found: list[_Found] = []
     end, step = size, _FIRST_LOOK * _THREAD_RECORD
     while end > 0:
         start = max(0, end - step)
         data = pread_all(fd, end - start, start)
         chunk = []
-        at = data.find(needle)
+        at = data.find(thread)
         while at >= 0:
-            if at % _THREAD_RECORD == 0:
-                chunk += _valid(data[at : at + _THREAD_RECORD], _THREAD_ENTRY)
-            at = data.find(needle, at + 1)
+            first = at - len(_MAGIC)
+            if first % _THREAD_RECORD == 0 and data.startswith(field, first):
+                chunk += _valid(data[first : first + _THREAD_RECORD], _THREAD_ENTRY)
+            at = data.find(thread, at + 1)
         found[:0] = chunk
         if any(offset < 0 for _, _, offset, _ in chunk):
             break
