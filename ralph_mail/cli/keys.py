@@ -44,11 +44,8 @@ def keys_create(
     def action() -> None:
         from ralph_mail.govern import keys
 
-        bus = identity(home, team, agent).bus()
-        try:
+        with identity(home, team, agent).bus() as bus:
             kid, path = keys.create(bus, force=force)
-        finally:
-            bus.close()
         say(f"{kid} {path}\n")
 
     command(action)
@@ -67,16 +64,13 @@ def keys_show(home: Home = None, team: TeamName = None, agent: Agent = None) -> 
         from ralph_mail import signing
         from ralph_mail.errors import MailError
 
-        bus = identity(home, team, agent).bus()
-        try:
+        with identity(home, team, agent).bus() as bus:
             signer = bus.signer()
             public = signer.public()
             if public is None:
                 raise MailError(f"{bus.agent} has no key at {signer.path}: run 'ralph-mail "
                                 f"keys create --agent {bus.agent}'")  # fmt: skip
             published = bus.me().key == public
-        finally:
-            bus.close()
         said = "in the roster" if published else "NOT in the roster: ralph-mail keys publish"
         say(f"kid {signing.kid(public)}\npublic {public}\nfile {signer.path}\n{said}\n")
 
@@ -122,11 +116,8 @@ def keys_publish(home: Home = None, team: TeamName = None, agent: Agent = None) 
     def action() -> None:
         from ralph_mail.govern import keys
 
-        bus = identity(home, team, agent).bus()
-        try:
+        with identity(home, team, agent).bus() as bus:
             say(keys.publish(bus) + "\n")
-        finally:
-            bus.close()
 
     command(action)
 
@@ -149,10 +140,7 @@ def keys_forget(
     def action() -> None:
         from ralph_mail.govern import keys
 
-        bus = identity(home, team, agent).bus()
-        try:
+        with identity(home, team, agent).bus() as bus:
             keys.forget(bus, member)
-        finally:
-            bus.close()
 
     command(action)
