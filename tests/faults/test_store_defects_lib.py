@@ -427,10 +427,12 @@ def test_the_longest_names_work_for_every_command_on_every_backend(
         assert assignment.metadata["taskId"] == task.id
         a.complete(task.id, "drafted")
         assert [m.content for m in lead.poll() if m.type == "task_result"] == ["drafted"]
-        b.set_presence("sleeping", until=datetime.now(UTC) + timedelta(seconds=3))
+        # Asleep far longer than the delegation can take under load; woken by hand after.
+        b.set_presence("sleeping", until=datetime.now(UTC) + timedelta(seconds=BOUND_S))
         # (on NATS the lead learns of it from its bucket's watch, a moment later)
         wait_until(lambda: presence_of(lead.team, LONG_B)[0] == "sleeping", "the lead to see it")
         held = lead.delegate(LONG_B, "when you wake")  # held in the log held.LONG_B
+        b.set_presence("idle")  # awake: its next read releases what was held
         woke = b.wait_for_message("task_assignment", timeout=BOUND_S)
         assert held.held_until and woke is not None and woke.metadata["taskId"] == held.id
         assert [m.id for m in lead.search("wake", to=LONG_B)] == [woke.id]
