@@ -21,6 +21,7 @@ import sysconfig
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Final
@@ -32,6 +33,10 @@ NOSITE_NOTE: Final = (
     "without site on both sides: an editable install (pip install -e) adds an import hook "
     "to every start of this venv's interpreter, which would flatter the ratio; a regular "
     "install has none"
+)
+WARM_NOTE: Final = (
+    "the command hands itself to a server started by `ralph-mail warm start`, which runs "
+    "it in a worker forked from a process that imported everything (ralph_mail/cli/relay.py)"
 )
 #: Untimed runs of each command first: they fill the page cache and write .pyc files.
 WARMUP: Final = 2
@@ -115,20 +120,23 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
 
     python = Path(sys.executable).name
     bare = row("bare_python_nosite", f"{python} -S -c pass (same venv, no site)", note=NOSITE_NOTE)
-    rows = {
-        key: row(key, f"ralph-mail {label}, run with -S", bare.key)
-        for key, label in (
-            ("cli_send", "send"),
-            ("cli_read", "read (one new message)"),
-            ("cli_wait", "wait --timeout 0 (nothing new)"),
-            ("cli_tail", "tail -n 5"),
-            ("cli_status", "status"),
-            ("cli_ask", "ask (answered by a replier process)"),
-            ("cli_reply", "reply"),
-            ("cli_history", "history -n 20"),
-            ("cli_task_done", "task done"),
-        )
-    }
+    commands = (
+        ("cli_send", "send"),
+        ("cli_read", "read (one new message)"),
+        ("cli_wait", "wait --timeout 0 (nothing new)"),
+        ("cli_tail", "tail -n 5"),
+        ("cli_status", "status"),
+        ("cli_ask", "ask (answered by a replier process)"),
+        ("cli_reply", "reply"),
+        ("cli_history", "history -n 20"),
+        ("cli_task_done", "task done"),
+    )
+    rows = {key: row(key, f"ralph-mail {label}, run with -S", bare.key) for key, label in commands}
+    warm_rows = {
+        key: row(f"{key}_warm", f"ralph-mail {label}, run with -S, through `warm start`'s "
+                 "server", bare.key, note=WARM_NOTE)
+        for key, label in commands
+    }  # fmt: skip
     bare_site = row("bare_python", f"{python} -c pass (same venv, with site)")
     send_site = row("cli_send_site", "ralph-mail send, as installed (with site)", bare_site.key)
     bare_env = child_env()
@@ -138,6 +146,7 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
         (bare_site, [sys.executable, "-c", "pass"], bare_env, _nothing),
     ]
     feeder = replier = None
+    stop_warm: Callable[[], None] | None = None
     if status == "ok":
         assert not isinstance(rm, str) and not isinstance(exe, str)
         home = ws.fresh("cli")
@@ -168,7 +177,7 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
         as_reader = child_env(env | {"RALPH_AGENT": "reader"})
         as_sender = child_env(env | {"RALPH_AGENT": "sender"})
         send = ["send", "reader", "status: parsing done, 3 warnings"]
-        cases += [
+        cold: list[tuple[Row, list[str], dict[str, str], Callable[[], list[str] | None]]] = [
             (rows["cli_send"], [*script, *send], as_sender, _nothing),
             (rows["cli_read"], [*script, "read"], as_reader, one_new),
             (rows["cli_wait"], [*script, "wait", "--timeout", "0"], as_sender, _nothing),
@@ -188,6 +197,17 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
             (rows["cli_reply"], [], as_reader, request),
             (rows["cli_history"], [*script, "history", "reader", "-n", "20"], as_sender, _nothing),
             (rows["cli_task_done"], [], as_reader, task),
+        ]
+        warm_dir = ws.fresh("warm")
+        warm_dir.chmod(0o700)
+        warm = {"RALPH_WARM": "1", "RALPH_WARM_DIR": str(warm_dir)}
+        server = _start_warm(script, as_sender | warm)
+        stop_warm = partial(_stop_warm, script, as_sender | warm)
+        for warm_row in warm_rows.values():
+            warm_row.status = "ok" if server is None else server
+        cases += cold + [(warm_rows[row.key], argv, env | warm, prepare)
+                         for row, argv, env, prepare in cold]  # fmt: skip
+        cases += [
             (
                 send_site,
                 [str(exe), *send],
@@ -213,6 +233,8 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
         if feeder is not None:
             feeder.close()
             reader.close()
+        if stop_warm is not None:
+            stop_warm()
         if replier is not None:
             replier.terminate()  # our own child, answering until told to stop
             replier.wait(timeout=60)
@@ -221,3 +243,18 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
 
 def _nothing() -> None:
     return None
+
+
+def _start_warm(script: list[str], env: dict[str, str]) -> str | None:
+    """Start a warm server for the commands run with ``env``; None, or why it did not."""
+    done = subprocess.run([*script, "warm", "start", "--idle", "600"], env=env,
+                          capture_output=True, timeout=120, check=False)  # fmt: skip
+    if done.returncode != 0:
+        return f"failed: warm start: {done.stderr.decode(errors='replace').strip()[-300:]}"
+    return None
+
+
+def _stop_warm(script: list[str], env: dict[str, str]) -> None:
+    """Stop the server `_start_warm` started (exit 1: there was none)."""
+    subprocess.run([*script, "warm", "stop"], env=env, capture_output=True, timeout=120,
+                   check=False)  # fmt: skip

@@ -361,7 +361,8 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(paths)
     if "RALPH_HOME" in os.environ:  # the Workspace's private home, never ~/.ralph
         env["RALPH_HOME"] = os.environ["RALPH_HOME"]
-    if extra:
+    env["RALPH_WARM"] = "0"  # a command runs in its own process (not on a warm server
+    if extra:  # the user may run), unless the case says otherwise
         env.update(extra)
     return env
 

@@ -497,6 +497,17 @@ def targets(secs: Sections) -> list[Target]:
             lambda r: r <= 4.0,
             "{r:.1f}x",
         )
+        add_ratio(
+            f"cli_{command}_warm",
+            f"ralph-mail {command.replace('_', ' ')} through `warm start`'s server vs bare "
+            "interpreter, both -S",
+            row(cli, f"cli_{command}_warm"),
+            row(cli, "bare_python_nosite"),
+            "≤ 4x",
+            time_ratio,
+            lambda r: r <= 4.0,
+            "{r:.1f}x",
+        )
     return out
 
 

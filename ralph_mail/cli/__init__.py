@@ -121,18 +121,25 @@ def _silence_stdout() -> None:
         pass
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``ralph-mail`` with ``argv`` (default: the process's arguments); return the exit code."""
+def main(argv: Sequence[str] | None = None, *, relay: bool = True) -> int:
+    """Run ``ralph-mail`` with ``argv`` (default: the process's arguments); return the exit
+    code. With ``relay``, a warm server, when one runs, runs the command (`relay`)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if sys.stdout is None:
-        sys.stdout = _Closed("output")
-    if sys.stdin is None:
-        sys.stdin = _Closed("input")
     try:
         if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions (argcomplete)
             from ralph_mail.cli.completion import complete
 
             return complete()
+        if relay:
+            from ralph_mail.cli.relay import relay as to_server
+
+            code = to_server(args, _held)
+            if code is not None:
+                return code
+        if sys.stdout is None:
+            sys.stdout = _Closed("output")
+        if sys.stdin is None:
+            sys.stdin = _Closed("input")
         import ralph_mail.bus  # noqa: F401 - what almost every command needs
         from ralph_mail.cli.app import app_for, run
 

@@ -75,6 +75,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "usage": ("costs",),
     "completion": ("completion",),
     "keys": ("keys",),
+    "warm": ("warm",),
 }
 
 
@@ -95,6 +96,7 @@ def full_app() -> Group:
         protocol,
         responder,
         tasks,
+        warm,
     )
 
     return app

@@ -16,6 +16,7 @@ standard library and costs a few milliseconds; the annotations keep typer's styl
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import math
 import os
@@ -222,11 +223,18 @@ def parser_settings(fn: Callable[..., Any], prog: str) -> dict[str, Any]:
     }
 
 
+@functools.cache
+def parameters(fn: Callable[..., Any]) -> list[tuple[str, inspect.Parameter, Any, Any]]:
+    """Each parameter of command ``fn``: its name, itself, its type and its `Option` or
+    `Argument`. Read once per command: a warm server (`relay`) reads them all up front."""
+    hints = typing.get_type_hints(fn, include_extras=True)
+    return [(name, param, *_unwrap(hints[name]))
+            for name, param in inspect.signature(fn).parameters.items()]  # fmt: skip
+
+
 def add_arguments(parser: argparse.ArgumentParser, fn: Callable[..., Any]) -> None:
     """Add the options and arguments of command ``fn``'s signature to ``parser``."""
-    hints = typing.get_type_hints(fn, include_extras=True)
-    for name, param in inspect.signature(fn).parameters.items():
-        kind, marker = _unwrap(hints[name])
+    for name, param, kind, marker in parameters(fn):
         default = None if param.default is inspect.Parameter.empty else param.default
         many = typing.get_origin(kind) is list
         if isinstance(marker, Argument):

@@ -40,16 +40,20 @@ def run_console(text: str, tmp_path: Path) -> None:
             f'rc=$?; if [ $rc -ne {expect} ]; then echo "command {number} exited $rc, '
             f'not {expect}: {command!r}" >&2; exit 99; fi'
         )
-    env = cli_env(tmp_path / "home")
+    env = cli_env(tmp_path / "home", RALPH_WARM_DIR=str(tmp_path / "warm"))
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    done = subprocess.run(
-        ["bash", "-c", "\n".join(script)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        timeout=BOUND_S * 4,
-        stdin=subprocess.DEVNULL,
-    )
+    try:
+        done = subprocess.run(
+            ["bash", "-c", "\n".join(script)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            timeout=BOUND_S * 4,
+            stdin=subprocess.DEVNULL,
+        )
+    finally:  # a page that starts a warm server and fails before it stops it
+        subprocess.run([sys.executable, "-m", "ralph_mail", "warm", "stop"], env=env,
+                       capture_output=True, timeout=BOUND_S, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr.decode()
     assert b"Traceback" not in done.stderr
 

@@ -5,11 +5,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 #: The longest any test waits for another process; generous for a loaded 2-core machine.
 BOUND_S = 60.0
+#: Where a test's commands look for a warm server (ralph_mail/cli/relay.py): a directory
+#: nobody makes, so a server the user runs never serves the tests (test_warm.py makes
+#: its own).
+NO_WARM_SERVER = os.path.join(tempfile.gettempdir(), f"ralph-tests-no-warm-server-{os.getpid()}")
 
 
 def cli_env(home: Path, **extra: str) -> dict[str, str]:
@@ -17,6 +22,7 @@ def cli_env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RALPH_")}
     env["RALPH_HOME"] = str(home)
     env["RALPH_CHANNEL_DELAY"] = "0"
+    env["RALPH_WARM_DIR"] = NO_WARM_SERVER
     for name in ("RALPH_BACKEND", "RALPH_WAIT"):  # a run on another backend or wait: children too
         if os.environ.get(name):
             env[name] = os.environ[name]

@@ -18,7 +18,7 @@ import pytest
 
 from ralph_mail import Message, MessageBus, MessageType
 from ralph_mail.store.files import FileStore
-from tests.helpers.processes import BOUND_S
+from tests.helpers.processes import BOUND_S, NO_WARM_SERVER
 
 PROGRAMS = Path(__file__).with_name("team_programs.py")
 
@@ -28,6 +28,7 @@ def ralph_env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RALPH_")}
     env["RALPH_HOME"] = str(home)
     env["RALPH_CHANNEL_DELAY"] = "0"  # no pause between answers in tests
+    env["RALPH_WARM_DIR"] = NO_WARM_SERVER
     if os.environ.get("RALPH_BACKEND"):  # a test on another backend: its children too
         env["RALPH_BACKEND"] = os.environ["RALPH_BACKEND"]
     # The script's directory (for examples: the venv's `ralph-mail`) comes first.
