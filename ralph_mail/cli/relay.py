@@ -7,9 +7,10 @@ imports brings a command near a bare start. ``ralph-mail warm start`` starts a s
 that has imported every command once. From then on a command (`RELAYED`) is a client: it
 connects, hands over its arguments, environment, working directory, umask, limits and
 standard streams (the descriptors themselves, over the socket) and waits for the exit
-code. A worker, forked from the server and warmed up before the command came (`POOL` of
-them wait), becomes the client in all those respects, runs the command as the client
-would have, answers the exit code and ends: nothing of one command is left for the next.
+code. A worker, forked from the server and warmed up before the command came
+(`ralph_mail.cli.forkserver`), becomes the client in all those respects, runs the
+command as the client would have, answers the exit code and ends: nothing of one
+command is left for the next.
 
 The client forwards SIGINT, SIGTERM, SIGHUP and Ctrl-Z to its worker, and dies by the
 signal that ended it; a worker whose client died (kill -9) is interrupted, so a read
@@ -53,10 +54,6 @@ RELAYED = frozenset((
 ))  # fmt: skip
 #: The protocol's version: a server and a client of other versions do not talk.
 VERSION = 1
-#: How many workers wait, forked and warmed up, for the next commands.
-POOL = 2
-#: How often (commands served) a worker's warm-up drops the throwaway team's old mail.
-GC_EVERY = 500
 #: The signals a client passes on to its worker (and then dies by, as the worker did).
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: The limits a worker takes from its client (``ulimit -n 256`` holds through the relay).
@@ -65,7 +62,7 @@ LIMITS = ("RLIMIT_NOFILE", "RLIMIT_FSIZE", "RLIMIT_CPU", "RLIMIT_CORE", "RLIMIT_
 #: pages): a client under one of them runs the command itself.
 MEMORY_LIMITS = ("RLIMIT_AS", "RLIMIT_DATA")
 
-_ACCEPTED, _REFUSED = b"A", b"R"
+ACCEPTED, REFUSED = b"A", b"R"
 
 
 # -- where ------------------------------------------------------------------------------
@@ -180,7 +177,7 @@ def _request(args: Sequence[str]) -> dict[str, Any]:
               for name in LIMITS if hasattr(resource, name)}  # fmt: skip
     streams: list[tuple[str, str, bool, bool] | None] = []
     for fd, stream in enumerate((sys.stdin, sys.stdout, sys.stderr)):
-        if not _is_open(fd):
+        if not is_open(fd):
             streams.append(None)  # closed (<&-, >&-): closed in the worker too
             continue
         streams.append((getattr(stream, "encoding", None) or "utf-8",
@@ -199,9 +196,9 @@ def _open(path: str, request: dict[str, Any]) -> tuple[socket.socket | None, int
 
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        address, directory_fd = _address(path)
+        where, directory_fd = address(path)
         try:
-            conn.connect(address)
+            conn.connect(where)
         finally:
             if directory_fd >= 0:
                 os.close(directory_fd)
@@ -212,17 +209,17 @@ def _open(path: str, request: dict[str, Any]) -> tuple[socket.socket | None, int
         sent = socket.send_fds(conn, [data], fds) if fds else conn.send(data)
         if sent < len(data):  # (an empty send to a worker that answered and left: EPIPE)
             conn.sendall(data[sent:])
-        answer = _recv_exact(conn, 5)
+        answer = recv_exact(conn, 5)
     except BaseException:
         conn.close()
         raise
-    if answer[:1] != _ACCEPTED:
+    if answer[:1] != ACCEPTED:
         conn.close()
         return None, 0
     return conn, int.from_bytes(answer[1:], "big")
 
 
-def _address(path: str) -> tuple[str, int]:
+def address(path: str) -> tuple[str, int]:  # (the server binds through it too)
     """A socket address for ``path``, and the descriptor it needs open (-1: none): when
     the path is too long for one (108 bytes), the same file through ``/proc/self/fd``
     and a descriptor on its directory (Linux)."""
@@ -232,7 +229,7 @@ def _address(path: str) -> tuple[str, int]:
     return f"/proc/self/fd/{fd}/{os.path.basename(path)}", fd
 
 
-def _recv_exact(conn: socket.socket, size: int) -> bytes:
+def recv_exact(conn: socket.socket, size: int) -> bytes:
     data = b""
     while len(data) < size:
         chunk = conn.recv(size - len(data))
@@ -242,7 +239,7 @@ def _recv_exact(conn: socket.socket, size: int) -> bytes:
     return data
 
 
-def _is_open(fd: int) -> bool:
+def is_open(fd: int) -> bool:
     try:
         os.fstat(fd)
     except OSError:
@@ -291,454 +288,3 @@ def _follow(conn: socket.socket, worker: int, held: list[int]) -> int:
         "(killed?): run the command again, with RALPH_WARM=0 to run it without the server\n"
     )
     return 2
-
-
-# -- the server -------------------------------------------------------------------------
-
-
-class _Server:
-    """What the server knows; each worker has a copy as it was when forked (but the
-    count of commands, which all share)."""
-
-    def __init__(self, path: str, idle: float) -> None:
-        import mmap
-        import time
-
-        self.path, self.idle = path, idle
-        self.pid = os.getpid()
-        self.key = key()
-        self.started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        self._served = mmap.mmap(-1, 8)  # anonymous and shared: forks see it change
-        self.sources: dict[str, tuple[int, int]] = {}
-        self.home = f"{path}.home"  # a throwaway team's, where each worker warms up
-        self.inode = 0  # of the socket's file, once bound
-
-    @property
-    def served(self) -> int:
-        """How many commands (and status calls) the server took."""
-        return int.from_bytes(self._served[:8], "big")
-
-    def took(self, count: int) -> None:
-        """``count`` more commands were taken (said by the server's process alone)."""
-        self._served[:8] = (self.served + count).to_bytes(8, "big")
-
-    def still_there(self) -> bool:
-        """Whether the server's path is still its socket (not removed, not replaced)."""
-        try:
-            return os.stat(self.path).st_ino == self.inode
-        except OSError:
-            return False
-
-    def describe(self) -> str:
-        """The server, as ``name value`` lines (`warm status`)."""
-        return (f"pid {self.pid}\nsocket {self.path}\nstarted {self.started}\n"
-                f"served {self.served}\nidle {self.idle:g}\n")  # fmt: skip
-
-
-def main() -> None:
-    """The server process: ``python -c 'from ralph_mail.cli.relay import main; main()'
-    PATH IDLE``, as `warm start` runs it: detached, stdin and stdout on the null device,
-    stderr on its log. It writes ``ready`` once it listens, or why not, on the
-    descriptor ``RALPH_WARM_FD``."""
-    import contextlib
-    import shutil
-
-    path, idle = sys.argv[1], float(sys.argv[2])
-    said = int(os.environ.pop("RALPH_WARM_FD"))
-    for name in [name for name in os.environ if name.startswith("RALPH_")]:
-        del os.environ[name]  # the warm-up's team is a throwaway one, on files
-    try:
-        server = _Server(path, idle)
-        _import_everything(server.home)
-        server.sources = _sources()
-        listener = _bind(path)
-        server.inode = os.stat(path).st_ino
-    except Exception as exc:
-        os.write(said, f"{exc}\n".encode())
-        os._exit(2)
-    os.write(said, b"ready\n")
-    os.close(said)
-    try:
-        serve(server, listener)
-    finally:
-        if server.still_there():
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-        listener.close()
-        shutil.rmtree(server.home, ignore_errors=True)
-        with contextlib.suppress(OSError):  # nothing went wrong: no log left
-            if os.fstat(2).st_size == 0 and os.path.samestat(os.fstat(2),
-                                                             os.stat(f"{path}.log")):  # fmt: skip
-                os.unlink(f"{path}.log")
-
-
-def serve(server: _Server, listener: socket.socket) -> None:
-    """Keep `POOL` workers waiting, each forked and warmed up before its command comes;
-    until stopped (SIGTERM), idle for ``server.idle`` seconds, or gone from its path."""
-    import select
-    import time
-
-    stop: list[int] = []
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, lambda signum, frame: stop.append(signum))
-    told, tell = os.pipe()  # a worker that took a command says so (its pid)
-    alive, life = os.pipe()  # ``life`` is this process's alone: its end ends the waiting
-    woken, wake = os.pipe()  # a signal wakes the poll (SIGTERM: stop now, not in a second)
-    os.set_blocking(wake, False)
-    signal.set_wakeup_fd(wake)
-    waiting: set[int] = set()
-    busy: set[int] = set()
-    poller = select.poll()
-    poller.register(told, select.POLLIN)
-    poller.register(woken, select.POLLIN)
-    last = time.monotonic()
-    try:
-        while not stop:
-            for pid in list(waiting | busy):
-                if os.waitpid(pid, os.WNOHANG)[0]:
-                    waiting.discard(pid)
-                    busy.discard(pid)
-            while len(waiting) < POOL:
-                pid = os.fork()
-                if pid == 0:
-                    signal.set_wakeup_fd(-1)
-                    for fd in (told, life, woken, wake):
-                        os.close(fd)
-                    _wait_for_work(server, listener, tell, alive)
-                waiting.add(pid)
-            left = server.idle - (time.monotonic() - last)
-            if (left <= 0 and not busy) or not server.still_there():
-                break
-            events = dict(poller.poll(max(0.0, min(left, 1.0)) * 1000))
-            if woken in events:
-                os.read(woken, 4096)
-            if told not in events:
-                continue
-            data = os.read(told, 4096)
-            for start in range(0, len(data) - 3, 4):
-                pid = int.from_bytes(data[start : start + 4], "big")
-                waiting.discard(pid)
-                busy.add(pid)
-            server.took(len(data) // 4)
-            last = time.monotonic()
-    finally:
-        signal.set_wakeup_fd(-1)
-        for fd in (told, tell, alive, life, woken, wake):
-            os.close(fd)  # ``life`` with them: the waiting workers end (once warmed up)
-        for pid in waiting:
-            os.waitpid(pid, 0)
-
-
-def _import_everything(home: str) -> None:
-    """Every module a relayed command imports, so that no worker imports any: the
-    commands' modules, and what a send, a read and a wait on a throwaway team in
-    ``home`` import (each worker warms up there: `_warm_up`)."""
-    import gc
-    import locale  # noqa: F401 - a text stream's encoding imports it
-    import shutil
-    import threading
-
-    from ralph_mail import MessageBus, create_team
-    from ralph_mail.cli.app import full_app
-    from ralph_mail.cli.command import parameters
-
-    groups = [full_app()]
-    while groups:  # every command's parameters, read once here rather than in each worker
-        group = groups.pop()
-        groups += group.groups.values()
-        for fn in group.commands.values():
-            parameters(fn)
-    for optional in ("orjson", "ralph_mail.store.nats.backend"):
-        try:  # orjson: the codec then calls it itself (the same bytes); nats: --backend
-            __import__(optional)
-        except ImportError:
-            continue
-    shutil.rmtree(home, ignore_errors=True)  # a killed server's
-    create_team("warm", ["a", "b"], home=home)
-    with MessageBus("warm", "a", home=home) as bus:
-        bus.set_presence("idle")
-        bus.send("b", "text", "warm")
-        bus.history("b", 1)
-    with MessageBus("warm", "b", home=home) as bus:
-        bus.wait_for_messages(timeout=0.001)
-        bus.wait_for_messages(timeout=0.001)
-    if threading.active_count() > 1:  # a fork would copy a lock another thread holds
-        raise RuntimeError("an import started a thread: the server cannot fork safely")
-    gc.collect()
-    gc.freeze()  # what was imported stays shared with the workers, page for page
-
-
-def _sources() -> dict[str, tuple[int, int]]:
-    """Each imported module file of this package, with its modification time and size."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    found = {}
-    for module in list(sys.modules.values()):
-        name = getattr(module, "__file__", None)
-        if name and name.startswith(package + os.sep):
-            try:
-                status = os.stat(name)
-            except OSError:
-                continue
-            found[name] = (status.st_mtime_ns, status.st_size)
-    return found
-
-
-def _stale(sources: dict[str, tuple[int, int]]) -> bool:
-    """Whether a module file of ``sources`` changed (an upgrade, an edit) or went."""
-    for name, (mtime, size) in sources.items():
-        try:
-            status = os.stat(name)
-        except OSError:
-            return True
-        if (status.st_mtime_ns, status.st_size) != (mtime, size):
-            return True
-    return False
-
-
-def _bind(path: str) -> socket.socket:
-    """A listening socket at ``path``, made beside it and linked in: never over a live
-    server's socket (a dead one's is replaced)."""
-    import contextlib
-    import socket
-
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    temp = f"{path}.{os.getpid()}.tmp"
-    try:
-        address, directory_fd = _address(temp)
-        try:
-            listener.bind(address)
-        finally:
-            if directory_fd >= 0:
-                os.close(directory_fd)
-        os.chmod(temp, 0o600)
-        listener.listen(64)
-        for _ in range(3):
-            try:
-                os.link(temp, path)
-                break
-            except FileExistsError:
-                if call("status") is not None:
-                    raise FileExistsError(f"a warm server already listens on {path}") from None
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)  # a dead server's
-        else:
-            raise FileExistsError(f"cannot take {path}: another server is starting there")
-    except BaseException:
-        listener.close()
-        raise
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-    return listener
-
-
-def _wait_for_work(server: _Server, listener: socket.socket, tell: int, alive: int) -> None:
-    """A worker: warm up, take one command, say so, run it, end. Ends at once when the
-    server does (``alive`` reads end of file). Never returns."""
-    import select
-
-    for signum in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        _warm_up(server.home, server.served)
-        listener.setblocking(False)
-        poller = select.poll()
-        poller.register(listener.fileno(), select.POLLIN)
-        poller.register(alive, select.POLLIN)
-        while True:
-            if alive in dict(poller.poll()):
-                os._exit(0)
-            try:
-                conn, _ = listener.accept()
-                break
-            except BlockingIOError:  # the other worker took it
-                continue
-        os.write(tell, os.getpid().to_bytes(4, "big"))
-        for fd in (tell, alive):
-            os.close(fd)
-        listener.close()
-        conn.setblocking(True)
-    except BaseException as exc:
-        _log(f"a waiting worker failed: {exc!r}")
-        os._exit(0)
-    try:
-        _work(conn, server)
-    finally:
-        os._exit(1)  # never back into the server's loop
-
-
-def _warm_up(home: str, served: int) -> None:
-    """Run commands on the throwaway team as a client's would (a send, a read, a tail):
-    the pages they touch are this worker's own before a client waits on them (a fork
-    shares them until written, and CPython writes each object it uses). Every
-    `GC_EVERY` commands served, the team's consumed mail is dropped."""
-    from ralph_mail.cli import main as command
-
-    null = os.open(os.devnull, os.O_WRONLY)
-    saved = os.dup(1)
-    try:
-        os.dup2(null, 1)
-        where = ["--home", home, "--team", "warm"]
-        if served % GC_EVERY == GC_EVERY - 1:
-            command(["gc", *where], relay=False)
-        for args in (["send", "b", "warm", "--agent", "a"], ["read", "--agent", "b"],
-                     ["tail", "b", "-n", "1", "--agent", "a"]):  # fmt: skip
-            command([*args, *where], relay=False)
-        sys.stdout.flush()
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-        os.close(null)
-
-
-def _work(conn: socket.socket, server: _Server) -> None:
-    """The worker with its client: become it (its request, its streams), run its
-    command, answer with the exit code, and end."""
-    import socket
-
-    try:
-        peer = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-        uid = int.from_bytes(peer[4:8], sys.byteorder)
-        if uid != os.getuid():
-            _log(f"refused user {uid}")
-            os._exit(0)  # another user's process: it hears nothing
-        request, fds = _receive(conn)
-        if request.get("version") != VERSION or request.get("key") != server.key:
-            _log(f"refused a client of version {request.get('version')}, key "
-                 f"{request.get('key')} (mine: {VERSION}, {server.key})")  # fmt: skip
-            conn.sendall(_REFUSED)
-            os._exit(0)
-        op = request.get("op")
-        if op in ("status", "stop"):
-            if op == "stop":
-                os.kill(server.pid, signal.SIGTERM)
-            conn.sendall(_ACCEPTED + os.getpid().to_bytes(4, "big") + server.describe().encode())
-            os._exit(0)
-        if op != "run" or _stale(server.sources):  # changed code: the client runs it itself
-            conn.sendall(_REFUSED)
-            if op == "run":
-                _log("a module changed on disk: the server ends")
-                os.kill(server.pid, signal.SIGTERM)
-            os._exit(0)
-        argv = [str(arg) for arg in request["argv"]]
-        _become(request, fds)
-        conn.sendall(_ACCEPTED + os.getpid().to_bytes(4, "big"))
-    except OSError as exc:
-        _log(f"a client's request failed: {exc!r}")
-        os._exit(0)
-    _watch_client(conn)
-    sys.argv = ["ralph-mail", *argv]
-    from ralph_mail.cli import main as command
-
-    try:
-        code = command(argv, relay=False)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # a bug: reported as the interpreter would have
-        import traceback
-
-        traceback.print_exc()
-        code = 1
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            if stream is not None:
-                stream.flush()
-        except (OSError, ValueError):
-            continue
-    _answered.append(code)
-    try:
-        conn.sendall(bytes([code & 0xFF]))
-    finally:
-        os._exit(code & 0xFF)  # the command closed what it opened; the rest is the server's
-
-
-def _log(text: str) -> None:
-    """One line in the server's log (its stderr: ``warm-KEY.sock.log``)."""
-    import time
-
-    try:
-        os.write(2, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} [{os.getpid()}] {text}\n".encode())
-    except OSError:
-        return
-
-
-def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    import socket
-
-    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
-    if len(data) < 4:
-        data += _recv_exact(conn, 4 - len(data))
-    size = int.from_bytes(data[:4], "big")
-    body = data[4:]
-    if len(body) < size:
-        body += _recv_exact(conn, size - len(body))
-    request = marshal.loads(body)
-    if not isinstance(request, dict):
-        raise ConnectionResetError("not a request")
-    return request, fds
-
-
-def _become(request: dict[str, Any], fds: list[int]) -> None:
-    """Take the client's working directory, umask, environment, limits and streams."""
-    import io
-    import resource
-    import time
-
-    os.chdir(request["cwd"])
-    os.umask(request["umask"])
-    os.environ.clear()
-    os.environ.update(request["env"])
-    time.tzset()
-    for name, (soft, hard) in request["limits"].items():
-        which = getattr(resource, name)
-        try:
-            resource.setrlimit(which, (soft, hard))
-        except (OSError, ValueError):  # above this server's hard limit: as near as it may
-            try:
-                resource.setrlimit(which, (soft, resource.getrlimit(which)[1]))
-            except (OSError, ValueError):
-                continue
-    given = iter(fds)
-    for fd, (name, shape) in enumerate(zip(("stdin", "stdout", "stderr"), request["streams"],
-                                           strict=True)):  # fmt: skip
-        if shape is None:
-            if _is_open(fd):
-                os.close(fd)
-            setattr(sys, name, None)
-            continue
-        received = next(given)
-        os.dup2(received, fd)
-        os.close(received)
-        encoding, errors, line_buffering, write_through = shape
-        raw = io.FileIO(fd, "r" if fd == 0 else "w", closefd=False)
-        buffered = io.BufferedReader(raw) if fd == 0 else io.BufferedWriter(raw)
-        stream = io.TextIOWrapper(buffered, encoding=encoding, errors=errors,
-                                  line_buffering=line_buffering,
-                                  write_through=write_through)  # fmt: skip
-        setattr(sys, name, stream)
-        setattr(sys, f"__{name}__", stream)  # where the terminal's width is asked
-
-
-def _watch_client(conn: socket.socket) -> None:
-    """Interrupt the command when its client goes (killed): nobody would see its output,
-    and a read must not consume what nobody prints."""
-    import threading
-
-    main = threading.main_thread().ident
-    assert main is not None
-
-    def watch() -> None:
-        try:
-            while conn.recv(1):
-                continue
-        except OSError:
-            pass
-        if not _answered:
-            signal.pthread_kill(main, signal.SIGINT)
-
-    threading.Thread(target=watch, name="ralph-warm-client", daemon=True).start()
-
-
-#: The worker's exit code once sent: its client's leaving is no interruption then.
-_answered: list[int] = []

@@ -130,7 +130,7 @@ def _spawn(path: str, idle: float) -> tuple[int, str]:
     read, write = os.pipe()
     os.set_inheritable(write, True)
     argv = [sys.executable, *(["-S"] if sys.flags.no_site else []), "-c",
-            "from ralph_mail.cli.relay import main; main()", path, f"{idle:g}"]  # fmt: skip
+            "from ralph_mail.cli.forkserver import main; main()", path, f"{idle:g}"]  # fmt: skip
     env = dict(os.environ, RALPH_WARM_FD=str(write))
     null = os.devnull
     actions = [(os.POSIX_SPAWN_OPEN, fd, null, os.O_RDWR, 0) for fd in (0, 1)]

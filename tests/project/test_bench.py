@@ -78,6 +78,15 @@ TARGETS = {
     "cli_reply",
     "cli_history",
     "cli_task_done",
+    "cli_send_warm",
+    "cli_read_warm",
+    "cli_wait_warm",
+    "cli_tail_warm",
+    "cli_status_warm",
+    "cli_ask_warm",
+    "cli_reply_warm",
+    "cli_history_warm",
+    "cli_task_done_warm",
 }
 #: Statuses that are not a failure: an optional peer missing, or no ralph-mail script
 #: beside the interpreter (an install without console scripts).
