@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 POOL = 2
 #: How often (commands served) a worker's warm-up drops the throwaway team's old mail.
 GC_EVERY = 500
+#: Workers in a row that end before taking a command (their warm-up fails: a full disk)
+#: before the server gives up, rather than fork them again and again.
+FAILURES = 5
 
 
 class _Server:
@@ -122,6 +125,7 @@ def serve(server: _Server, listener: socket.socket) -> None:
     stop: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, lambda signum, frame: stop.append(signum))
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # wakes the poll: reap now
     told, tell = os.pipe()  # a worker that took a command says so (its pid)
     alive, life = os.pipe()  # ``life`` is this process's alone: its end ends the waiting
     woken, wake = os.pipe()  # a signal wakes the poll (SIGTERM: stop now, not in a second)
@@ -133,12 +137,17 @@ def serve(server: _Server, listener: socket.socket) -> None:
     poller.register(told, select.POLLIN)
     poller.register(woken, select.POLLIN)
     last = time.monotonic()
+    failed = 0  # workers in a row that ended while waiting (a warm-up that fails)
     try:
         while not stop:
             for pid in list(waiting | busy):
                 if os.waitpid(pid, os.WNOHANG)[0]:
+                    failed += pid in waiting  # it ended before any command came
                     waiting.discard(pid)
                     busy.discard(pid)
+            if failed >= FAILURES:
+                _log(f"{failed} workers in a row ended before taking a command: the server ends")
+                break
             while len(waiting) < POOL:
                 pid = os.fork()
                 if pid == 0:
@@ -161,6 +170,7 @@ def serve(server: _Server, listener: socket.socket) -> None:
                 waiting.discard(pid)
                 busy.add(pid)
             server.took(len(data) // 4)
+            failed = 0
             last = time.monotonic()
     finally:
         signal.set_wakeup_fd(-1)
@@ -313,23 +323,29 @@ def _warm_up(home: str, served: int) -> None:
     """Run commands on the throwaway team as a client's would (a send, a read, a tail):
     the pages they touch are this worker's own before a client waits on them (a fork
     shares them until written, and CPython writes each object it uses). Every
-    `GC_EVERY` commands served, the team's consumed mail is dropped."""
+    `GC_EVERY` commands served, the team's consumed mail is dropped. Raises when one of
+    them fails: such a worker is of no use."""
     from ralph_mail.cli import main as command
 
     null = os.open(os.devnull, os.O_WRONLY)
-    saved = os.dup(1)
+    saved = [os.dup(1), os.dup(2)]
     try:
         os.dup2(null, 1)
+        os.dup2(null, 2)  # (a note that the throwaway's other member is offline)
         where = ["--home", home, "--team", "warm"]
+        steps = [["send", "b", "warm", "--agent", "a"], ["read", "--agent", "b"],
+                 ["tail", "b", "-n", "1", "--agent", "a"]]  # fmt: skip
         if served % GC_EVERY == GC_EVERY - 1:
-            command(["gc", *where], relay=False)
-        for args in (["send", "b", "warm", "--agent", "a"], ["read", "--agent", "b"],
-                     ["tail", "b", "-n", "1", "--agent", "a"]):  # fmt: skip
-            command([*args, *where], relay=False)
+            steps.insert(0, ["gc"])
+        for args in steps:
+            code = command([*args, *where], relay=False)
+            if code:
+                raise RuntimeError(f"warm-up: {args[0]} on {home} exited {code}")
         sys.stdout.flush()
     finally:
-        os.dup2(saved, 1)
-        os.close(saved)
+        for fd, old in zip((1, 2), saved, strict=True):
+            os.dup2(old, fd)
+            os.close(old)
         os.close(null)
 
 
@@ -422,7 +438,9 @@ def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
 
 def _become(request: dict[str, Any], fds: list[int]) -> None:
     """Take the client's working directory, umask, environment, limits and streams."""
+    import contextlib
     import io
+    import locale
     import resource
     import time
 
@@ -431,6 +449,8 @@ def _become(request: dict[str, Any], fds: list[int]) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     time.tzset()
+    with contextlib.suppress(locale.Error):  # LANG, LC_ALL: as the client's interpreter did
+        locale.setlocale(locale.LC_CTYPE, "")
     for name, (soft, hard) in request["limits"].items():
         which = getattr(resource, name)
         try:

@@ -310,19 +310,17 @@ def test_a_directory_open_to_others_is_refused(team: Team, home: Path, where: Pa
 
 def test_an_idle_server_ends_by_itself(team: Team, home: Path, where: Path) -> None:
     """``--idle`` seconds without a command end the server, its socket with it."""
-    warm = Warm(home, where)
-    warm.start("--idle", "0.5")
-    assert ended(warm.pid)
-    assert not list(where.iterdir())
+    with serving(Warm(home, where), "--idle", "0.5") as warm:
+        assert ended(warm.pid)
+        assert not list(where.iterdir())
 
 
 def test_a_removed_socket_ends_its_server(team: Team, home: Path, where: Path) -> None:
     """A server whose socket was removed (its directory cleaned) ends: nobody can reach it."""
-    warm = Warm(home, where)
-    warm.start()
-    for path in where.glob("*.sock"):
-        path.unlink()
-    assert ended(warm.pid)
+    with serving(Warm(home, where)) as warm:
+        for path in where.glob("*.sock"):
+            path.unlink()
+        assert ended(warm.pid)
 
 
 def test_without_a_server_the_relay_costs_a_stat(team: Team, home: Path, where: Path) -> None:
@@ -347,3 +345,29 @@ def test_the_server_holds_no_more_descriptors_after_many_commands(team: Team, ho
             assert warm.run("send", "lead", f"m{n}", *ME).returncode == 0
         assert len(os.listdir(f"/proc/{warm.pid}/fd")) == held
         assert warm.served() >= 101
+
+
+def test_commands_at_once_each_get_a_worker(warm: Warm, home: Path) -> None:
+    """Twelve clients at once (more than the workers waiting): each is served, once."""
+    clients = [warm.popen("send", "lead", f"m{n}", *ME) for n in range(12)]
+    for client in clients:
+        with client:
+            assert client.wait(BOUND_S) == 0
+    contents = sorted(m.content for m in MessageBus("demo", "lead", home=home).poll())
+    assert contents == sorted(f"m{n}" for n in range(12))
+
+
+def test_workers_that_cannot_warm_up_end_the_server(team: Team, home: Path,
+                                                    where: Path) -> None:  # fmt: skip
+    """A throwaway team the workers cannot warm up in (here a file where its home was):
+    the server ends, saying why in its log, instead of forking workers without end; the
+    command under way is served and the next runs in its client."""
+    with serving(Warm(home, where)) as warm:
+        (throwaway,) = where.glob("*.home")
+        throwaway.rename(where.parent / "moved")  # at once (a worker may be warming up)
+        throwaway.write_text("not a home")
+        assert warm.run("send", "lead", "served", *ME).returncode == 0
+        assert ended(warm.pid)
+        (log,) = where.glob("*.log")
+        assert "ended before taking a command" in log.read_text()
+        assert warm.run("send", "lead", "in the client", *ME).returncode == 0
