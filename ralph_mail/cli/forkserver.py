@@ -20,7 +20,6 @@ from ralph_mail.cli.relay import (
     REFUSED,
     VERSION,
     address,
-    call,
     is_open,
     key,
     recv_exact,
@@ -54,7 +53,9 @@ class _Server:
         self.started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self._served = mmap.mmap(-1, 8)  # anonymous and shared: forks see it change
         self.sources: dict[str, tuple[int, int]] = {}
-        self.home = f"{path}.home"  # a throwaway team's, where each worker warms up
+        # A throwaway team's home, where each worker warms up: this server's own (two
+        # servers may start at once; one of them will not stay).
+        self.home = f"{path}.{self.pid}.home"
         self.inode = 0  # of the socket's file, once bound
 
     @property
@@ -80,10 +81,10 @@ class _Server:
 
 
 def main() -> None:
-    """The server process: ``python -c 'from ralph_mail.cli.relay import main; main()'
-    PATH IDLE``, as `warm start` runs it: detached, stdin and stdout on the null device,
-    stderr on its log. It writes ``ready`` once it listens, or why not, on the
-    descriptor ``RALPH_WARM_FD``."""
+    """The server process: ``python -c 'from ralph_mail.cli.forkserver import main;
+    main()' PATH IDLE``, as `warm start` runs it: detached, stdin and stdout on the null
+    device, stderr on its log. It writes ``ready`` once it listens, ``running`` when
+    another server took PATH first, or why it cannot, on the descriptor ``RALPH_WARM_FD``."""
     import contextlib
     import shutil
 
@@ -97,6 +98,10 @@ def main() -> None:
         server.sources = _sources()
         listener = _bind(path)
         server.inode = os.stat(path).st_ino
+    except _Taken:
+        shutil.rmtree(server.home, ignore_errors=True)
+        os.write(said, b"running\n")
+        os._exit(0)
     except Exception as exc:
         os.write(said, f"{exc}\n".encode())
         os._exit(2)
@@ -186,7 +191,6 @@ def _import_everything(home: str) -> None:
     ``home`` import (each worker warms up there: `_warm_up`)."""
     import gc
     import locale  # noqa: F401 - a text stream's encoding imports it
-    import shutil
     import threading
 
     from ralph_mail import MessageBus, create_team
@@ -204,7 +208,7 @@ def _import_everything(home: str) -> None:
             __import__(optional)
         except ImportError:
             continue
-    shutil.rmtree(home, ignore_errors=True)  # a killed server's
+    _forget_the_dead(home)
     create_team("warm", ["a", "b"], home=home)
     with MessageBus("warm", "a", home=home) as bus:
         bus.set_presence("idle")
@@ -217,6 +221,28 @@ def _import_everything(home: str) -> None:
         raise RuntimeError("an import started a thread: the server cannot fork safely")
     gc.collect()
     gc.freeze()  # what was imported stays shared with the workers, page for page
+
+
+def _forget_the_dead(home: str) -> None:
+    """Remove the throwaway homes beside ``home`` of servers that died (kill -9)."""
+    import glob
+    import shutil
+
+    stem = home.rsplit(".", 2)[0]  # PATH of PATH.PID.home
+    for other in glob.glob(f"{glob.escape(stem)}.*.home"):
+        pid = other[len(stem) + 1 : -len(".home")]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(other, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _sources() -> dict[str, tuple[int, int]]:
@@ -246,6 +272,26 @@ def _stale(sources: dict[str, tuple[int, int]]) -> bool:
     return False
 
 
+def _listens(path: str) -> bool:
+    """Whether a server listens on ``path`` (one starting up too: it may not answer yet)."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        where, directory_fd = address(path)
+        try:
+            probe.connect(where)
+        except OSError:
+            return False
+        finally:
+            if directory_fd >= 0:
+                os.close(directory_fd)
+    return True
+
+
+class _Taken(Exception):
+    """Another server listens on the path (two `warm start` at once)."""
+
+
 def _bind(path: str) -> socket.socket:
     """A listening socket at ``path``, made beside it and linked in: never over a live
     server's socket (a dead one's is replaced)."""
@@ -268,8 +314,8 @@ def _bind(path: str) -> socket.socket:
                 os.link(temp, path)
                 break
             except FileExistsError:
-                if call("status") is not None:
-                    raise FileExistsError(f"a warm server already listens on {path}") from None
+                if _listens(path):
+                    raise _Taken(path) from None
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)  # a dead server's
         else:

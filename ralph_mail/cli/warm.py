@@ -62,6 +62,10 @@ def warm_start(
         say(f"a warm server already runs: pid {_field(running, 'pid')}, socket {path}\n")
         return
     pid, reason = _spawn(path, idle)
+    if reason == "running":  # another start won the race
+        running = relay.call("status") or ""
+        say(f"a warm server already runs: pid {_field(running, 'pid')}, socket {path}\n")
+        return
     if reason:
         error_line(f"the warm server did not start: {reason}")
         raise Exit(EXIT_USAGE)
@@ -147,7 +151,7 @@ def _spawn(path: str, idle: float) -> tuple[int, str]:
     if said.strip() == "ready":
         return pid, ""
     os.waitpid(pid, 0)  # it ended: reaped here
-    return pid, said.strip() or "it ended before it listened"
+    return pid, said.strip() or "it ended before it listened (see the log beside the socket)"
 
 
 def _read_all(fd: int, timeout: float) -> str:

@@ -363,7 +363,7 @@ def test_workers_that_cannot_warm_up_end_the_server(team: Team, home: Path,
     the server ends, saying why in its log, instead of forking workers without end; the
     command under way is served and the next runs in its client."""
     with serving(Warm(home, where)) as warm:
-        (throwaway,) = where.glob("*.home")
+        (throwaway,) = where.glob(f"*.{warm.pid}.home")
         throwaway.rename(where.parent / "moved")  # at once (a worker may be warming up)
         throwaway.write_text("not a home")
         assert warm.run("send", "lead", "served", *ME).returncode == 0
@@ -371,3 +371,47 @@ def test_workers_that_cannot_warm_up_end_the_server(team: Team, home: Path,
         (log,) = where.glob("*.log")
         assert "ended before taking a command" in log.read_text()
         assert warm.run("send", "lead", "in the client", *ME).returncode == 0
+
+
+def test_two_starts_at_once_leave_one_server(team: Team, home: Path, where: Path) -> None:
+    """Two `warm start` racing: both exit 0, naming the same server, and one runs."""
+    warm = Warm(home, where)
+    starts = [warm.popen("warm", "start") for _ in range(2)]
+    outputs = []
+    for start in starts:
+        with start:
+            out, err = start.communicate(timeout=BOUND_S)
+            assert start.returncode == 0, err
+            outputs.append(out)
+    pids = {int(re.search(rb"pid (\d+)", out).group(1)) for out in outputs}  # type: ignore[union-attr]
+    assert len(pids) == 1
+    warm.pid = pids.pop()
+    assert warm.run("warm", "stop").returncode == 0
+    assert ended(warm.pid)
+
+
+def test_a_stopped_server_lets_its_commands_finish(warm: Warm, home: Path) -> None:
+    """`warm stop` while a wait runs through the server: the wait goes on and gets its
+    message."""
+    client = warm.popen("wait", "--timeout", "60", "--agent", "worker-2")
+    with client:
+        wait_until(lambda: warm.worker_of(client), "the worker of the wait")
+        assert warm.run("warm", "stop").returncode == 0
+        assert ended(warm.pid)
+        MessageBus("demo", "lead", home=home).send("worker-2", "text", "still here")
+        out, _ = client.communicate(timeout=BOUND_S)
+        assert client.returncode == 0 and b"still here" in out
+
+
+def test_a_killed_server_leaves_commands_working(team: Team, home: Path, where: Path) -> None:
+    """kill -9 of the server: its waiting workers end, commands run in their clients
+    (its socket is left, and refuses), and `warm start` replaces it."""
+    with serving(Warm(home, where)) as warm:
+        workers = _children(warm.pid)
+        os.kill(warm.pid, signal.SIGKILL)
+        assert ended(warm.pid)
+        assert all(ended(worker) for worker in workers)
+        assert list(where.glob("*.sock"))
+        assert warm.run("send", "lead", "in the client", *ME).returncode == 0
+        warm.start()
+        assert warm.run("send", "lead", "on the new server", *ME).returncode == 0
