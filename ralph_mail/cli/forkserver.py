@@ -470,6 +470,8 @@ def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     import socket
 
     data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+    if not data:  # a probe (`_listens`): it only wanted to know a server listens
+        os._exit(0)
     if len(data) < 4:
         data += recv_exact(conn, 4 - len(data))
     size = int.from_bytes(data[:4], "big")
