@@ -95,8 +95,8 @@ def warm_stop() -> None:
 
 @warm_app.command("status")
 def warm_status(json: JsonRecords = False) -> None:
-    """Show this install's warm server: pid, socket, when started, commands served and
-    running, idle timeout. Exit 1 when none runs.
+    """Show this install's warm server: pid, socket, when started, commands served, idle
+    timeout. Exit 1 when none runs.
 
     \b
     Example:
