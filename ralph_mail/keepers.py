@@ -45,7 +45,7 @@ class Kept:
         """Its exit code once it ended (minus the signal that killed it), else None."""
         if self.returncode is None:
             self.returncode = self._server.ended(self.pid, 0.0)
-            if self.returncode is None and not _exists(self.pid):  # reaped: word is coming
+            if self.returncode is None and not exists(self.pid):  # reaped: word is coming
                 self.returncode = self._server.ended(self.pid, _ANSWER_S)
         return self.returncode
 
@@ -63,7 +63,8 @@ class Kept:
             os.kill(self.pid, sig)
 
 
-def _exists(pid: int) -> bool:
+def exists(pid: int) -> bool:
+    """Whether process ``pid`` exists (another user's too)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

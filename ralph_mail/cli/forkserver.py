@@ -19,11 +19,12 @@ from ralph_mail.cli.relay import (
     ACCEPTED,
     REFUSED,
     VERSION,
-    address,
+    at,
     is_open,
     key,
     recv_exact,
 )
+from ralph_mail.keepers import exists
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -189,6 +190,7 @@ def _import_everything(home: str) -> None:
     """Every module a relayed command imports, so that no worker imports any: the
     commands' modules, and what a send, a read and a wait on a throwaway team in
     ``home`` import (each worker warms up there: `_warm_up`)."""
+    import contextlib
     import gc
     import locale  # noqa: F401 - a text stream's encoding imports it
     import threading
@@ -203,11 +205,11 @@ def _import_everything(home: str) -> None:
         groups += group.groups.values()
         for fn in group.commands.values():
             parameters(fn)
-    for optional in ("orjson", "ralph_mail.store.nats.backend"):
-        try:  # orjson: the codec then calls it itself (the same bytes); nats: --backend
-            __import__(optional)
-        except ImportError:
-            continue
+    from ralph_mail import store
+
+    store.preload()  # the backends, NATS included (--backend nats://...)
+    with contextlib.suppress(ImportError):
+        import orjson  # noqa: F401 - the codec then calls it itself: the same bytes
     _forget_the_dead(home)
     create_team("warm", ["a", "b"], home=home)
     with MessageBus("warm", "a", home=home) as bus:
@@ -231,18 +233,8 @@ def _forget_the_dead(home: str) -> None:
     stem = home.rsplit(".", 2)[0]  # PATH of PATH.PID.home
     for other in glob.glob(f"{glob.escape(stem)}.*.home"):
         pid = other[len(stem) + 1 : -len(".home")]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not exists(int(pid)):
             shutil.rmtree(other, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _sources() -> dict[str, tuple[int, int]]:
@@ -277,14 +269,10 @@ def _listens(path: str) -> bool:
     import socket
 
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        where, directory_fd = address(path)
         try:
-            probe.connect(where)
+            at(path, probe.connect)
         except OSError:
             return False
-        finally:
-            if directory_fd >= 0:
-                os.close(directory_fd)
     return True
 
 
@@ -301,12 +289,7 @@ def _bind(path: str) -> socket.socket:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     temp = f"{path}.{os.getpid()}.tmp"
     try:
-        where, directory_fd = address(temp)
-        try:
-            listener.bind(where)
-        finally:
-            if directory_fd >= 0:
-                os.close(directory_fd)
+        at(temp, listener.bind)
         os.chmod(temp, 0o600)
         listener.listen(64)
         for _ in range(3):

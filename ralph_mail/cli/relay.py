@@ -40,7 +40,7 @@ import sys
 TYPE_CHECKING = False  # not typing's: importing typing here would cost start-up time
 if TYPE_CHECKING:
     import socket
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from typing import Any
 
 #: The commands a client hands to the server: the short ones. Not the long-lived faces
@@ -127,8 +127,8 @@ def relay(args: Sequence[str], held: list[int]) -> int | None:
         if not _is_socket(path) or private(os.path.dirname(path)) is not None:
             return None
         conn, worker = _open(path, _request(args))
-    except OSError:  # a server gone (a stale socket), no working directory: run it here
-        return None
+    except (OSError, ValueError):  # a server gone (a stale socket), no working directory
+        return None  # (or an unwritable request): the command runs here
     if conn is None:
         return None
     with conn:
@@ -149,7 +149,7 @@ def call(op: str) -> str | None:
             chunks = []
             while chunk := conn.recv(4096):
                 chunks.append(chunk)
-    except OSError:
+    except (OSError, ValueError):
         return None
     return b"".join(chunks).decode()
 
@@ -196,12 +196,7 @@ def _open(path: str, request: dict[str, Any]) -> tuple[socket.socket | None, int
 
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        where, directory_fd = address(path)
-        try:
-            conn.connect(where)
-        finally:
-            if directory_fd >= 0:
-                os.close(directory_fd)
+        at(path, conn.connect)
         body = marshal.dumps(request)
         data = len(body).to_bytes(4, "big") + body
         streams = request.get("streams") or (None, None, None)
@@ -219,14 +214,18 @@ def _open(path: str, request: dict[str, Any]) -> tuple[socket.socket | None, int
     return conn, int.from_bytes(answer[1:], "big")
 
 
-def address(path: str) -> tuple[str, int]:  # (the server binds through it too)
-    """A socket address for ``path``, and the descriptor it needs open (-1: none): when
-    the path is too long for one (108 bytes), the same file through ``/proc/self/fd``
-    and a descriptor on its directory (Linux)."""
+def at(path: str, act: Callable[[str], object]) -> None:
+    """Call ``act`` (a socket's ``connect`` or ``bind``) with the address of ``path``: the
+    path itself, or when it is too long for a socket's address (108 bytes) the same file
+    through ``/proc/self/fd`` and a descriptor on its directory (Linux)."""
     if len(os.fsencode(path)) < 100:
-        return path, -1
+        act(path)
+        return
     fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    return f"/proc/self/fd/{fd}/{os.path.basename(path)}", fd
+    try:
+        act(f"/proc/self/fd/{fd}/{os.path.basename(path)}")
+    finally:
+        os.close(fd)
 
 
 def recv_exact(conn: socket.socket, size: int) -> bytes:

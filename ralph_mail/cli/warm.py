@@ -87,7 +87,7 @@ def warm_stop() -> None:
         error_line(f"no warm server runs for this install ({relay.socket_path()})", "note")
         raise Exit(EXIT_NOTHING)
     pid = int(_field(answer, "pid"))
-    if not _ended(pid, START_S):
+    if not ended(pid, START_S):
         error_line(f"the warm server {pid} is still running after {START_S:g} s: kill {pid}")
         raise Exit(EXIT_USAGE)
     say(f"warm server stopped: pid {pid}\n")
@@ -174,7 +174,7 @@ def _read_all(fd: int, timeout: float) -> str:
     return data.decode(errors="replace")
 
 
-def _ended(pid: int, timeout: float) -> bool:
+def ended(pid: int, timeout: float) -> bool:
     """Wait until process ``pid`` (not a child of ours) ends: True, or False after ``timeout``."""
     import select
 

@@ -50,6 +50,17 @@ def backend(home: Path, url: str = "") -> Backend:
     )
 
 
+def preload() -> None:
+    """Import every backend this install can use (files; NATS with the ``nats`` extra),
+    so that a process forked later finds them imported (the warm server: cli/forkserver)."""
+    import ralph_mail.store.files
+
+    try:
+        import ralph_mail.store.nats  # noqa: F401
+    except ImportError:  # no nats extra
+        return
+
+
 __all__ = [
     "Backend",
     "Compaction",

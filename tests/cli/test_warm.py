@@ -12,7 +12,6 @@ import contextlib
 import os
 import re
 import resource
-import select
 import shutil
 import signal
 import subprocess
@@ -25,6 +24,7 @@ import pytest
 
 import ralph_mail
 from ralph_mail import MessageBus, Team
+from ralph_mail.cli import warm as warm_command
 from tests.helpers.processes import BOUND_S, cli_env, wait_until
 
 ME = ("--agent", "worker-1")
@@ -100,16 +100,7 @@ def _children(parent: int) -> list[int]:
 
 def ended(pid: int, timeout: float = BOUND_S) -> bool:
     """Whether process ``pid`` (not necessarily our child) ends within ``timeout``."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    try:
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        return bool(poller.poll(timeout * 1000))
-    finally:
-        os.close(fd)
+    return warm_command.ended(pid, timeout)
 
 
 @contextlib.contextmanager
@@ -209,7 +200,7 @@ def test_the_clients_descriptor_limit_holds_in_the_worker(warm: Warm) -> None:
 
     client = subprocess.Popen([sys.executable, "-m", "ralph_mail", "wait", "--timeout", "60",
                                "--agent", "worker-2"], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, env=warm.env,
+                              stderr=subprocess.PIPE, env=warm.env, cwd=warm.where.parent,
                               preexec_fn=limited)  # fmt: skip
     try:
         wait_until(lambda: warm.worker_of(client), "the worker of the wait")
