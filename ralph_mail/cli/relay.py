@@ -27,7 +27,7 @@ client then runs the command itself), when its socket is removed, and after an i
 (``warm start --idle``). What goes wrong is written to ``warm-KEY.sock.log``.
 
 The client half imports nothing a bare interpreter lacks until a server's socket exists:
-without a server, a command pays two ``lstat`` calls.
+without a server, a command pays one ``lstat``: about 30 µs in all.
 """
 
 from __future__ import annotations
