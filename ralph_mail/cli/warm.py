@@ -61,7 +61,11 @@ def warm_start(
     if running is not None:
         say(f"a warm server already runs: pid {_field(running, 'pid')}, socket {path}\n")
         return
-    pid, reason = _spawn(path, idle)
+    try:
+        pid, reason = _spawn(path, idle)
+    except OSError as exc:
+        error_line(f"cannot start the warm server: {exc.strerror or exc}")
+        raise Exit(EXIT_USAGE) from None
     if reason == "running":  # another start won the race
         running = relay.call("status") or ""
         say(f"a warm server already runs: pid {_field(running, 'pid')}, socket {path}\n")
