@@ -406,3 +406,42 @@ def test_a_killed_server_leaves_commands_working(team: Team, home: Path, where: 
         assert warm.run("send", "lead", "in the client", *ME).returncode == 0
         warm.start()
         assert warm.run("send", "lead", "on the new server", *ME).returncode == 0
+
+
+def test_a_terminal_is_a_terminal_for_the_command(warm: Warm, home: Path) -> None:
+    """On a terminal (a pseudo-terminal here, 100 columns wide) a command writes what it
+    writes there without the server: the same table, help wrapped at the same width."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    worker = MessageBus("demo", "worker-1", home=home)
+    worker.send("lead", "text", "on a terminal " * 4)
+    outputs = []
+    for hot, args in ((False, ["presence"]), (True, ["presence"]), (False, ["send", "--help"]),
+                      (True, ["send", "--help"])):  # fmt: skip
+        main, side = pty.openpty()
+        fcntl.ioctl(side, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
+        try:
+            env = {k: v for k, v in warm.env.items() if k not in ("COLUMNS", "LINES")}
+            done = warm.run(*args, warm=hot, stdout=side, env=env | {"TERM": "xterm"})
+            assert done.returncode == 0, done.stderr
+            chunks = []
+            while select.select([main], [], [], 0.5)[0]:
+                try:
+                    chunk = os.read(main, 65536)
+                except OSError:  # the terminal's other side closed: all read
+                    break
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            outputs.append(b"".join(chunks))
+        finally:
+            os.close(side)
+            os.close(main)
+    assert outputs[0] == outputs[1]
+    assert "─".encode() in outputs[0]  # rich's table: the command knew it had a terminal
+    assert outputs[2] == outputs[3]
+    assert max(len(line) for line in outputs[2].splitlines()) > 80  # the terminal's width
