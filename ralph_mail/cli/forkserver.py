@@ -138,7 +138,7 @@ def serve(server: _Server, listener: socket.socket) -> None:
     os.set_blocking(wake, False)
     signal.set_wakeup_fd(wake)
     waiting: set[int] = set()
-    busy: set[int] = set()
+    busy: dict[int, int] = {}  # a worker running a command: its client's pid
     poller = select.poll()
     poller.register(told, select.POLLIN)
     poller.register(woken, select.POLLIN)
@@ -146,11 +146,14 @@ def serve(server: _Server, listener: socket.socket) -> None:
     failed = 0  # workers in a row that ended while waiting (a warm-up that fails)
     try:
         while not stop:
-            for pid in list(waiting | busy):
+            for pid in list(waiting | busy.keys()):
                 if os.waitpid(pid, os.WNOHANG)[0]:
                     failed += pid in waiting  # it ended before any command came
                     waiting.discard(pid)
-                    busy.discard(pid)
+                    busy.pop(pid, None)
+            for pid, client in busy.items():
+                if not exists(client):  # a worker stopped (Ctrl-Z) whose client was then
+                    os.kill(pid, signal.SIGCONT)  # killed: going on, it sees its end
             if failed >= FAILURES:
                 _log(f"{failed} workers in a row ended before taking a command: the server ends")
                 break
@@ -171,11 +174,11 @@ def serve(server: _Server, listener: socket.socket) -> None:
             if told not in events:
                 continue
             data = os.read(told, 4096)
-            for start in range(0, len(data) - 3, 4):
+            for start in range(0, len(data) - 7, 8):
                 pid = int.from_bytes(data[start : start + 4], "big")
                 waiting.discard(pid)
-                busy.add(pid)
-            server.took(len(data) // 4)
+                busy[pid] = int.from_bytes(data[start + 4 : start + 8], "big")
+            server.took(len(data) // 8)
             failed = 0
             last = time.monotonic()
     finally:
@@ -334,7 +337,11 @@ def _wait_for_work(server: _Server, listener: socket.socket, tell: int, alive: i
                 break
             except BlockingIOError:  # the other worker took it
                 continue
-        os.write(tell, os.getpid().to_bytes(4, "big"))
+        import socket
+
+        client = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)[:4]
+        os.write(tell, os.getpid().to_bytes(4, "big") + int.from_bytes(
+            client, sys.byteorder).to_bytes(4, "big"))  # fmt: skip
         for fd in (tell, alive):
             os.close(fd)
         listener.close()

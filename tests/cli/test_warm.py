@@ -445,3 +445,16 @@ def test_a_terminal_is_a_terminal_for_the_command(warm: Warm, home: Path) -> Non
     assert "─".encode() in outputs[0]  # rich's table: the command knew it had a terminal
     assert outputs[2] == outputs[3]
     assert max(len(line) for line in outputs[2].splitlines()) > 80  # the terminal's width
+
+
+def test_a_stopped_worker_whose_client_was_killed_ends(warm: Warm) -> None:
+    """A worker stopped (as Ctrl-Z stops it) whose client is then killed with SIGKILL:
+    the server starts it again, and it ends (no stopped process is left behind)."""
+    client = warm.popen("wait", "--timeout", "60", "--agent", "worker-2")
+    with client:
+        wait_until(lambda: warm.worker_of(client), "the worker of the wait")
+        worker = warm.worker_of(client)
+        os.kill(worker, signal.SIGSTOP)
+        client.kill()
+        client.wait(BOUND_S)
+        assert ended(worker)
