@@ -487,27 +487,17 @@ def targets(secs: Sections) -> list[Target]:
                   lambda r: r < 1.0, "{r:.3f}x the peer's time")  # fmt: skip
     for command in ("send", "read", "wait", "tail", "status", "ask", "reply", "history",
                     "task_done"):  # fmt: skip
-        add_ratio(
-            f"cli_{command}",
-            f"ralph-mail {command.replace('_', ' ')} vs bare interpreter, both -S",
-            row(cli, f"cli_{command}"),
-            row(cli, "bare_python_nosite"),
-            "≤ 4x",
-            time_ratio,
-            lambda r: r <= 4.0,
-            "{r:.1f}x",
-        )
-        add_ratio(
-            f"cli_{command}_warm",
-            f"ralph-mail {command.replace('_', ' ')} through `warm start`'s server vs bare "
-            "interpreter, both -S",
-            row(cli, f"cli_{command}_warm"),
-            row(cli, "bare_python_nosite"),
-            "≤ 4x",
-            time_ratio,
-            lambda r: r <= 4.0,
-            "{r:.1f}x",
-        )
+        for suffix, how in (("", ""), ("_warm", " through `warm start`'s server")):
+            add_ratio(
+                f"cli_{command}{suffix}",
+                f"ralph-mail {command.replace('_', ' ')}{how} vs bare interpreter, both -S",
+                row(cli, f"cli_{command}{suffix}"),
+                row(cli, "bare_python_nosite"),
+                "≤ 4x",
+                time_ratio,
+                lambda r: r <= 4.0,
+                "{r:.1f}x",
+            )
     return out
 
 

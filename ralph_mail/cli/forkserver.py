@@ -339,9 +339,9 @@ def _wait_for_work(server: _Server, listener: socket.socket, tell: int, alive: i
                 continue
         import socket
 
-        client = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)[:4]
-        os.write(tell, os.getpid().to_bytes(4, "big") + int.from_bytes(
-            client, sys.byteorder).to_bytes(4, "big"))  # fmt: skip
+        peer = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)  # pid, uid, gid
+        client, uid = (int.from_bytes(peer[i : i + 4], sys.byteorder) for i in (0, 4))
+        os.write(tell, os.getpid().to_bytes(4, "big") + client.to_bytes(4, "big"))
         for fd in (tell, alive):
             os.close(fd)
         listener.close()
@@ -350,7 +350,7 @@ def _wait_for_work(server: _Server, listener: socket.socket, tell: int, alive: i
         _log(f"a waiting worker failed: {exc!r}")
         os._exit(0)
     try:
-        _work(conn, server)
+        _work(conn, server, uid)
     finally:
         os._exit(1)  # never back into the server's loop
 
@@ -385,14 +385,11 @@ def _warm_up(home: str, served: int) -> None:
         os.close(null)
 
 
-def _work(conn: socket.socket, server: _Server) -> None:
-    """The worker with its client: become it (its request, its streams), run its
-    command, answer with the exit code, and end."""
-    import socket
-
+def _work(conn: socket.socket, server: _Server, uid: int) -> None:
+    """The worker with its client (of user ``uid``): become it (its request, its
+    streams), run its command, answer with the exit code, and end."""
+    _log_fd[0] = os.dup(2)  # the server's log, while fd 2 becomes the client's stderr
     try:
-        peer = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-        uid = int.from_bytes(peer[4:8], sys.byteorder)
         if uid != os.getuid():
             _log(f"refused user {uid}")
             os._exit(0)  # another user's process: it hears nothing
@@ -428,11 +425,15 @@ def _work(conn: socket.socket, server: _Server) -> None:
         code = command(argv, relay=False)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # a bug: reported as the interpreter would have
+    except BaseException as exc:  # a bug: one line to the client, the details logged
         import traceback
 
-        traceback.print_exc()
-        code = 1
+        _log("".join(traceback.format_exception(exc)).rstrip())
+        from ralph_mail.cli import EXIT_USAGE, error_line
+
+        error_line(f"the warm server's worker failed ({type(exc).__name__}: {exc}): run the "
+                   "command again with RALPH_WARM=0, and see the server's log")  # fmt: skip
+        code = EXIT_USAGE
     for stream in (sys.stdout, sys.stderr):
         try:
             if stream is not None:
@@ -446,12 +447,18 @@ def _work(conn: socket.socket, server: _Server) -> None:
         os._exit(code & 0xFF)  # the command closed what it opened; the rest is the server's
 
 
+#: Where `_log` writes: the server's stderr (its log), kept apart in a worker whose fd 2
+#: became its client's.
+_log_fd = [2]
+
+
 def _log(text: str) -> None:
-    """One line in the server's log (its stderr: ``warm-KEY.sock.log``)."""
+    """One line (or a report) in the server's log, ``warm-KEY.sock.log``."""
     import time
 
     try:
-        os.write(2, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} [{os.getpid()}] {text}\n".encode())
+        os.write(_log_fd[0], f"{time.strftime('%Y-%m-%dT%H:%M:%S')} [{os.getpid()}] {text}\n"
+                 .encode())  # fmt: skip
     except OSError:
         return
 

@@ -58,22 +58,13 @@ def warm_start(
         error_line(f"{why}: set RALPH_WARM_DIR to a directory of yours (mode 700)")
         raise Exit(EXIT_USAGE)
     running = relay.call("status")
-    if running is not None:
-        say(f"a warm server already runs: pid {_field(running, 'pid')}, socket {path}\n")
-        return
-    try:
-        pid, reason = _spawn(path, idle)
-    except OSError as exc:
-        error_line(f"cannot start the warm server: {exc.strerror or exc}")
-        raise Exit(EXIT_USAGE) from None
-    if reason == "running":  # another start won the race
-        running = relay.call("status") or ""
-        say(f"a warm server already runs: pid {_field(running, 'pid')}, socket {path}\n")
-        return
-    if reason:
-        error_line(f"the warm server did not start: {reason}")
-        raise Exit(EXIT_USAGE)
-    say(f"warm server started: pid {pid}, socket {path}\n")
+    if running is None:
+        pid = _spawn(path, idle)
+        if pid:
+            say(f"warm server started: pid {pid}, socket {path}\n")
+            return
+        running = relay.call("status") or ""  # another start won the race
+    say(f"a warm server already runs: pid {_fields(running).get('pid', '?')}, socket {path}\n")
 
 
 @warm_app.command("stop")
@@ -90,7 +81,7 @@ def warm_stop() -> None:
     if answer is None:
         error_line(f"no warm server runs for this install ({relay.socket_path()})", "note")
         raise Exit(EXIT_NOTHING)
-    pid = int(_field(answer, "pid"))
+    pid = int(_fields(answer)["pid"])
     if not ended(pid, START_S):
         error_line(f"the warm server {pid} is still running after {START_S:g} s: kill {pid}")
         raise Exit(EXIT_USAGE)
@@ -115,26 +106,22 @@ def warm_status(json: JsonRecords = False) -> None:
     if json:
         from ralph_mail.cli.render import print_json_lines
 
-        record: dict[str, object] = {}
-        for line in answer.splitlines():
-            name, _, value = line.partition(" ")
-            record[name] = int(value) if value.isdigit() else value
-        print_json_lines([record])
+        fields = _fields(answer).items()
+        print_json_lines([{name: int(value) if value.isdigit() else value
+                           for name, value in fields}])  # fmt: skip
         return
     say(answer)
 
 
-def _field(answer: str, name: str) -> str:
-    for line in answer.splitlines():
-        key, _, value = line.partition(" ")
-        if key == name:
-            return value
-    return "?"
+def _fields(answer: str) -> dict[str, str]:
+    """A server's ``name value`` lines (`relay.call`'s answer) as a dict."""
+    return dict(line.partition(" ")[::2] for line in answer.splitlines())
 
 
-def _spawn(path: str, idle: float) -> tuple[int, str]:
-    """Start the server detached (its own session, its streams on the null device); its
-    pid, and why it did not start ("" once it listens)."""
+def _spawn(path: str, idle: float) -> int:
+    """Start the server detached (its own session, stdin and stdout on the null device,
+    stderr on its log); its pid once it listens, 0 when another start took the socket
+    first. One line and exit 2 when it cannot start."""
     read, write = os.pipe()
     os.set_inheritable(write, True)
     argv = [sys.executable, *(["-S"] if sys.flags.no_site else []), "-c",
@@ -146,16 +133,23 @@ def _spawn(path: str, idle: float) -> tuple[int, str]:
     actions.append((os.POSIX_SPAWN_OPEN, 2, f"{path}.log", log, 0o600))  # what went wrong
     try:
         pid = os.posix_spawn(sys.executable, argv, env, file_actions=actions, setsid=True)
+    except OSError as exc:
+        error_line(f"cannot start the warm server: {exc.strerror or exc}")
+        raise Exit(EXIT_USAGE) from None
     finally:
         os.close(write)
     try:
-        said = _read_all(read, START_S)
+        said = _read_all(read, START_S).strip()
     finally:
         os.close(read)
-    if said.strip() == "ready":
-        return pid, ""
+    if said == "ready":
+        return pid
     os.waitpid(pid, 0)  # it ended: reaped here
-    return pid, said.strip() or "it ended before it listened (see the log beside the socket)"
+    if said == "running":
+        return 0
+    why = said or "it ended before it listened (see the log beside the socket)"
+    error_line(f"the warm server did not start: {why}")
+    raise Exit(EXIT_USAGE)
 
 
 def _read_all(fd: int, timeout: float) -> str:

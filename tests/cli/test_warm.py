@@ -252,15 +252,20 @@ def test_a_closed_stdout_is_closed_for_the_command(warm: Warm) -> None:
     assert (hot.returncode, _shape(hot)[2]) == (cold.returncode, _shape(cold)[2])
 
 
+def _copy_of_the_package(tmp_path: Path) -> tuple[Path, str]:
+    """A copy of ralph_mail to change, and the module path that imports it (run with -S)."""
+    copy = tmp_path / "install"
+    shutil.copytree(Path(ralph_mail.__file__).parent, copy / "ralph_mail",
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    return copy, os.pathsep.join([str(copy), sysconfig.get_paths()["purelib"]])
+
+
 def test_a_changed_module_sends_commands_back_to_their_clients(team: Team, home: Path,
                                                                where: Path,
                                                                tmp_path: Path) -> None:  # fmt: skip
     """After an upgrade (a module file changed), the next command runs in its client,
     right, and the server ends."""
-    copy = tmp_path / "install"
-    shutil.copytree(Path(ralph_mail.__file__).parent, copy / "ralph_mail",
-                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
-    pythonpath = os.pathsep.join([str(copy), sysconfig.get_paths()["purelib"]])
+    copy, pythonpath = _copy_of_the_package(tmp_path)
     with serving(Warm(home, where, pythonpath)) as warm:
         assert warm.run("send", "lead", "before", *ME).returncode == 0
         os.utime(copy / "ralph_mail" / "message.py", ns=(1, 1))
@@ -458,3 +463,25 @@ def test_a_stopped_worker_whose_client_was_killed_ends(warm: Warm) -> None:
         client.kill()
         client.wait(BOUND_S)
         assert ended(worker)
+
+
+def test_a_bug_in_a_worker_is_one_line_and_logged(team: Team, home: Path, where: Path,
+                                                  tmp_path: Path) -> None:  # fmt: skip
+    """A command that raises what no command should (a bug, injected here into a copy of
+    the package): one line on stderr and exit 2, never a traceback; the traceback goes
+    to the server's log."""
+    copy, pythonpath = _copy_of_the_package(tmp_path)
+    app = copy / "ralph_mail" / "cli" / "app.py"
+    head = "def run(args: Sequence[str]) -> int:\n"
+    bug = '    if os.environ.get("RALPH_TEST_BUG"):\n        raise RuntimeError("injected bug")\n'
+    assert head in app.read_text()
+    app.write_text(app.read_text().replace(head, head + bug))
+    with serving(Warm(home, where, pythonpath)) as warm:
+        done = warm.run("send", "lead", "x", *ME, env=dict(warm.env, RALPH_TEST_BUG="1"))
+        assert done.returncode == 2
+        assert done.stderr.startswith(b"ralph-mail: error: the warm server's worker failed "
+                                      b"(RuntimeError: injected bug)")  # fmt: skip
+        assert done.stderr.count(b"\n") == 1 and b"Traceback" not in done.stderr
+        (log,) = where.glob("*.log")
+        assert "Traceback" in log.read_text() and "injected bug" in log.read_text()
+        assert warm.run("send", "lead", "fine", *ME).returncode == 0
