@@ -12,11 +12,15 @@ import fcntl
 import json
 import os
 import secrets
+import struct
 import time
+import zlib
 from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
+
+import orjson
 
 from bench.common import (
     CONTENT,
@@ -70,6 +74,61 @@ def raw_write(ws: Workspace, n: int, sync: bool) -> float:
         return n / (time.perf_counter() - t0)
     finally:
         os.close(fd)
+
+
+#: An index entry of the Python floor: magic, inbox name, offset, length (then a crc32).
+_FLOOR_ENTRY = struct.Struct("<2s64sqI")
+
+
+def python_floor(ws: Workspace, n: int) -> float:
+    """The least a send in Python can do and still be a mailbox's: a fresh id and ts (ids
+    drawn 64 at a time, the ts's second cached, as ralph_mail does), the envelope encoded
+    with orjson, appended under ``flock`` with an ``fstat`` for the line's offset (where a
+    torn tail would show), one index entry written with its checksum, and a look for a
+    waiter's doorbell (one ``faccessat``). No check of any kind, no policy, no threads:
+    what the interpreter costs, not what ralph_mail adds (see docs/performance.md)."""
+    d = ws.fresh("floor")
+    fd = os.open(d / "reader.jsonl", os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+    index = os.open(d / "pair.idx", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    root = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    head = _FLOOR_ENTRY.pack(b"\xa5\x5a", b"reader", 0, 0)[:-12]
+    position = struct.Struct("<qI")
+    ids: list[str] = []
+    prefixes: dict[int, str] = {}
+
+    def send(content: str, metadata: dict[str, str]) -> None:
+        if not ids:
+            drawn = os.urandom(6 * 64).hex()
+            ids.extend(drawn[at : at + 12] for at in range(0, len(drawn), 12))
+        envelope = {"id": ids.pop(), "from": "sender", "to": "reader", "type": "text",
+                    "content": content, "metadata": metadata, "ts": ""}  # fmt: skip
+        encoded = orjson.dumps(envelope)[:-3]  # ends in "ts":, the ts put there under the lock
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            offset = os.fstat(fd).st_size
+            second, fraction = divmod(time.time_ns() // 1000, 1_000_000)
+            prefix = prefixes.get(second)
+            if prefix is None:
+                prefix = prefixes[second] = time.strftime("%Y-%m-%dT%H:%M:%S",
+                                                          time.gmtime(second))  # fmt: skip
+            line = encoded + f'"{prefix}.{fraction:06d}Z"}}\n'.encode()
+            os.write(fd, line)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.access("bells/reader", os.F_OK, dir_fd=root, follow_symlinks=False)
+        body = head + position.pack(offset, len(line))
+        os.write(index, body + struct.pack("<I", zlib.crc32(body)))
+
+    try:
+        for _ in range(WARMUP):
+            send(CONTENT, METADATA)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            send(CONTENT, METADATA)
+        return n / (time.perf_counter() - t0)
+    finally:
+        for opened in (fd, index, root):
+            os.close(opened)
 
 
 #: The governed send: a policy of this many rules (none about the pair that talks), and a
@@ -213,6 +272,13 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
         "raw_write_fsync",
         "raw os.write + fsync",
         lambda: raw_write(ws, sizes.durable_n, True),
+        "raw_write",
+        "ok",
+    )
+    add(
+        "python_floor",
+        "the least a Python send does (lock, append, one index entry, no check)",
+        lambda: python_floor(ws, sizes.send_n),
         "raw_write",
         "ok",
     )

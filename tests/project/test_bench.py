@@ -44,6 +44,8 @@ TARGETS = {
     "channel_read",
     "send_vs_peer",
     "send_vs_raw",
+    "floor_vs_raw",
+    "floor_vs_peer",
     "send_policy",
     "durable_vs_fsync",
     "writers_rate",

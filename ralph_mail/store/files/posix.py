@@ -196,14 +196,20 @@ def copy_range(source: int, target: int, offset: int, length: int) -> None:
         raise StoreError(f"inbox shrank while it was copied ({written} of {length} bytes)")
 
 
+#: What one read takes from a doorbell or a self-pipe (a byte is written per ring).
+_DRAIN = 4096
+
+
 def wait_readable(poller: select.poll, fd: int, timeout: float, also: tuple[int, ...] = ()) -> bool:
     """Block in ``poll(2)`` (``poller``, on which ``fd`` is registered) at most ``timeout``
     seconds, or until one of ``also`` (a stop flag's descriptors, left as they are) is
     readable; once ``fd``, a non-blocking pipe or FIFO, is readable, read it empty: True."""
     if not ready(poller, fd, timeout, also):
         return False
+    # One read empties it: a fuller one is read again (a second read finding it empty would
+    # cost a system call and an exception, at every wake-up).
     with contextlib.suppress(BlockingIOError):
-        while os.read(fd, 4096):
+        while len(os.read(fd, _DRAIN)) == _DRAIN:
             pass
     return True
 
