@@ -74,6 +74,104 @@ while True:
 """
 
 
+#: The least a Python file mailbox does for an ask, one side of it (see `_python_round_trips`):
+#: woken by its doorbell (a FIFO), it reads what is new in its inbox, parses it, moves its
+#: cursor, and answers (``sys.argv``: the directory, my name, the other's; "stop" ends it).
+PYTHON_MAILBOX: Final = """
+import fcntl, os, select, struct, sys, time, zlib
+import orjson
+d, me, other = sys.argv[1], sys.argv[2], sys.argv[3]
+O = os.O_NONBLOCK | os.O_CLOEXEC
+bell = os.open(f"{d}/{me}.bell", os.O_RDONLY | O)
+keep = os.open(f"{d}/{me}.bell", os.O_WRONLY | O)  # so that a FIFO with no writer never ends
+ring = None
+inbox = os.open(f"{d}/{me}.jsonl", os.O_RDONLY)
+theirs = os.open(f"{d}/{other}.jsonl", os.O_WRONLY | os.O_APPEND)
+index = os.open(f"{d}/{me}+{other}.idx", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+cursor = os.open(f"{d}/{me}.cursor", os.O_RDWR | os.O_CREAT, 0o600)
+poller = select.poll()
+poller.register(bell, select.POLLIN)
+head = struct.pack("<2s64s", b"\\xa5\\x5a", other.encode())
+ids, offset = [], 0
+
+def send(kind, content, reply_to):
+    global ring
+    if not ids:
+        drawn = os.urandom(6 * 64).hex()
+        ids.extend(drawn[at : at + 12] for at in range(0, len(drawn), 12))
+    envelope = {"id": ids.pop(), "from": me, "to": other, "type": kind, "content": content,
+                "metadata": {}, "reply_to": reply_to, "ts": ""}
+    encoded = orjson.dumps(envelope)[:-3]
+    fcntl.flock(theirs, fcntl.LOCK_EX)
+    try:
+        at = os.fstat(theirs).st_size
+        line = encoded + b'"' + str(time.time_ns() // 1000).encode() + b'"}\\n'
+        os.write(theirs, line)
+    finally:
+        fcntl.flock(theirs, fcntl.LOCK_UN)
+    if ring is None:
+        ring = os.open(f"{d}/{other}.bell", os.O_WRONLY | O)
+    os.write(ring, b"\\0")
+    body = head + struct.pack("<qI", at, len(line))
+    os.write(index, body + struct.pack("<I", zlib.crc32(body)))
+    return envelope["id"]
+
+def receive():
+    global offset
+    while True:
+        size = os.fstat(inbox).st_size
+        if size > offset:
+            data = os.pread(inbox, size - offset, offset)
+            data = data[: data.rfind(b"\\n") + 1]  # whole lines: a write may be under way
+            if data:
+                offset += len(data)
+                os.pwrite(cursor, struct.pack("<q", offset), 0)
+                return [orjson.loads(line) for line in data.splitlines()]
+        poller.poll()
+        os.read(bell, 4096)
+
+print("ready", flush=True)
+if me == "asker":
+    count = int(sys.argv[4])
+    times = []
+    for n in range(count + 5):
+        t0 = time.perf_counter()
+        asked = send("request", str(n), None)
+        while not any(m["reply_to"] == asked for m in receive()):
+            pass
+        times.append((time.perf_counter() - t0) * 1e6)
+    send("stop", "", None)
+    print(" ".join(f"{t:.1f}" for t in times[5:]), flush=True)
+else:
+    while True:
+        got = receive()
+        if any(m["type"] == "stop" for m in got):
+            break
+        for m in got:
+            send("reply", m["content"], m["id"])
+"""
+
+
+def _python_round_trips(ws: Workspace, count: int) -> list[float]:
+    """Microseconds per ask of `PYTHON_MAILBOX`: two processes that do what a file mailbox
+    must, in the fewest lines of Python, with no check of any kind: the floor an ask in
+    Python can reach, between the file ping-pong and ralph_mail's ask."""
+    d = ws.fresh("python-mailbox")
+    for name in ("asker", "replier"):
+        os.close(os.open(d / f"{name}.jsonl", os.O_WRONLY | os.O_CREAT, 0o600))
+        os.mkfifo(d / f"{name}.bell", 0o600)
+    replier = subprocess.Popen([sys.executable, "-c", PYTHON_MAILBOX, str(d), "replier",
+                                "asker"], stdout=subprocess.PIPE)  # fmt: skip
+    try:
+        assert replier.stdout is not None and replier.stdout.readline() == b"ready\n"
+        command = [sys.executable, "-c", PYTHON_MAILBOX, str(d), "asker", "replier", str(count)]
+        asker = subprocess.run(command, capture_output=True, check=True, timeout=120)
+        lines = asker.stdout.decode().splitlines()
+        return [float(t) for t in lines[1].split()]
+    finally:
+        replier.wait(timeout=30)
+
+
 def _inotify_round_trips(ws: Workspace, count: int) -> list[float]:
     """Microseconds per round trip of one JSON line through two files, each process
     appending to the other's and woken by inotify on its own: the floor of a file
@@ -159,6 +257,9 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
                        "µs", "lower", extra={"p99_us": []}))  # fmt: skip
     floor = sec.add(Row("inotify_pingpong", "file ping-pong: append + inotify wake, two "
                         "Python processes", "µs", "lower", extra={"p99_us": []}))  # fmt: skip
+    least = sec.add(Row("python_ask_floor", "the least a Python file mailbox does for an ask "
+                        "(lock, append, index, doorbell, read, parse, cursor; no check)", "µs",
+                        "lower", anchor=floor.key, extra={"p99_us": []}))  # fmt: skip
     ask = sec.add(Row("ask_roundtrip", "bus.ask -> reply from another process (p50)", "µs",
                       "lower", anchor=pipe.key, status="ok" if not isinstance(rm, str) else rm,
                       extra={"p99_us": []}))  # fmt: skip
@@ -170,6 +271,9 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
         times = _inotify_round_trips(ws, count)
         floor.values.append(percentile(times, 50))
         floor.extra["p99_us"].append(percentile(times, 99))
+        times = _python_round_trips(ws, count)
+        least.values.append(percentile(times, 50))
+        least.extra["p99_us"].append(percentile(times, 99))
         if isinstance(rm, str):
             continue
         home = ws.fresh("ask")

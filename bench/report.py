@@ -367,6 +367,17 @@ def targets(secs: Sections) -> list[Target]:
         lambda r: r <= 6.0,
         "{r:.1f}x",
     )
+    add_ratio(
+        "python_ask_vs_file_floor",
+        "the least a Python file mailbox does for an ask (p50) vs the file ping-pong (the "
+        "bound above, on the floor)",
+        row(ask, "python_ask_floor"),
+        row(ask, "inotify_pingpong"),
+        "≤ 6x",
+        time_ratio,
+        lambda r: r <= 6.0,
+        "{r:.1f}x",
+    )
     _hot_path(secs.get("hotpath"), add_ratio, time_ratio)
     trip = row(ask, "ask_roundtrip")
     for key, label, limit, extra in (

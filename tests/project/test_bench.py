@@ -57,6 +57,7 @@ TARGETS = {
     "poll_backlog",
     "ask_vs_pipe",
     "ask_vs_file_floor",
+    "python_ask_vs_file_floor",
     "send_flat",
     "ask_flat",
     "rss_flat",
