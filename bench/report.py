@@ -176,27 +176,15 @@ def targets(secs: Sections) -> list[Target]:
             lambda r: r >= 4.0,
             "{r:.2f}x the peer's rate",
         )
-    add_ratio(
-        "send_vs_raw",
-        "send vs raw O_APPEND write",
-        ralph_send,
-        row(send, "raw_write"),
-        "≤ 8x",
-        lambda f, a: cost_ratio(f, a),
-        lambda r: r <= 8.0,
-        "{r:.1f}x the raw write's cost",
-    )
     floor = row(send, "python_floor")  # the same two bounds, met by the least Python can do?
-    add_ratio(
-        "floor_vs_raw",
-        "the least a Python send does vs raw O_APPEND write (the bound above, on the floor)",
-        floor,
-        row(send, "raw_write"),
-        "≤ 8x",
-        lambda f, a: cost_ratio(f, a),
-        lambda r: r <= 8.0,
-        "{r:.1f}x the raw write's cost",
-    )
+    for key, label, figure in (
+        ("send_vs_raw", "send vs raw O_APPEND write", ralph_send),
+        ("floor_vs_raw", "the least a Python send does vs raw O_APPEND write (the bound "
+         "above, on the floor)", floor),
+    ):  # fmt: skip
+        add_ratio(key, label, figure, row(send, "raw_write"), "≤ 8x",
+                  lambda f, a: cost_ratio(f, a), lambda r: r <= 8.0,
+                  "{r:.1f}x the raw write's cost")  # fmt: skip
     add_ratio(
         "floor_vs_peer",
         "the least a Python send does vs the fastest peer's put (the bound above, on the floor)",
