@@ -127,7 +127,8 @@ def receive():
                 offset += len(data)
                 os.pwrite(cursor, struct.pack("<q", offset), 0)
                 return [orjson.loads(line) for line in data.splitlines()]
-        poller.poll()
+        if not poller.poll(30_000):
+            sys.exit(f"{me}: nothing came within 30 s")
         os.read(bell, 4096)
 
 print("ready", flush=True)
@@ -169,7 +170,11 @@ def _python_round_trips(ws: Workspace, count: int) -> list[float]:
         lines = asker.stdout.decode().splitlines()
         return [float(t) for t in lines[1].split()]
     finally:
-        replier.wait(timeout=30)
+        try:
+            replier.wait(timeout=30)  # the asker's "stop" ends it
+        except subprocess.TimeoutExpired:  # the asker failed: it never came
+            replier.kill()
+            replier.wait()
 
 
 def _inotify_round_trips(ws: Workspace, count: int) -> list[float]:
