@@ -151,9 +151,7 @@ def serve(server: _Server, listener: socket.socket) -> None:
                     failed += pid in waiting  # it ended before any command came
                     waiting.discard(pid)
                     busy.pop(pid, None)
-            for pid, client in busy.items():
-                if not exists(client):  # a worker stopped (Ctrl-Z) whose client was then
-                    os.kill(pid, signal.SIGCONT)  # killed: going on, it sees its end
+            _resume_orphans(busy)
             if failed >= FAILURES:
                 _log(f"{failed} workers in a row ended before taking a command: the server ends")
                 break
@@ -182,11 +180,37 @@ def serve(server: _Server, listener: socket.socket) -> None:
             failed = 0
             last = time.monotonic()
     finally:
+        _resume_orphans(busy)  # the last look: nobody looks after this process ends
         signal.set_wakeup_fd(-1)
         for fd in (told, tell, alive, life, woken, wake):
             os.close(fd)  # ``life`` with them: the waiting workers end (once warmed up)
         for pid in waiting:
             os.waitpid(pid, 0)
+
+
+def _resume_orphans(busy: dict[int, int]) -> None:
+    """Go on with each worker (``busy``: its client) whose client is gone: one stopped by
+    Ctrl-Z whose client was then killed would stay stopped for good; going on, it sees
+    its client's end and ends. (Its process group, the server's, is orphaned from the
+    start, so the kernel sends no SIGCONT of its own when the server ends.)"""
+    import contextlib
+
+    for pid, client in busy.items():
+        if _gone(client):
+            with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                os.kill(pid, signal.SIGCONT)
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` ended: it does not exist, or is a zombie nobody reaped yet
+    (its parent killed with it)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rpartition(b")")[2].split()[0] in (b"Z", b"X")
+    except FileNotFoundError:
+        return True
+    except OSError:  # no /proc here
+        return not exists(pid)
 
 
 def _import_everything(home: str) -> None:

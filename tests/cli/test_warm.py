@@ -465,6 +465,30 @@ def test_a_stopped_worker_whose_client_was_killed_ends(warm: Warm) -> None:
         assert ended(worker)
 
 
+def test_a_stopped_worker_whose_client_was_killed_ends_with_its_server(
+    team: Team, home: Path, where: Path
+) -> None:
+    """The same, the server sent SIGTERM at once after the kill: its last look goes on with
+    the worker (once the server is gone, nobody would: its process group was orphaned
+    from the start, so the kernel sends it nothing)."""
+    warm = Warm(home, where)
+    warm.start()
+    try:
+        client = warm.popen("wait", "--timeout", "60", "--agent", "worker-2")
+        with client:
+            wait_until(lambda: warm.worker_of(client), "the worker of the wait")
+            worker = warm.worker_of(client)
+            os.kill(worker, signal.SIGSTOP)
+            client.kill()
+            client.wait(BOUND_S)
+            os.kill(warm.pid, signal.SIGTERM)
+            assert ended(warm.pid)
+            assert ended(worker)
+    finally:
+        if not ended(warm.pid, 0):
+            os.kill(warm.pid, signal.SIGKILL)
+
+
 def test_a_bug_in_a_worker_is_one_line_and_logged(team: Team, home: Path, where: Path,
                                                   tmp_path: Path) -> None:  # fmt: skip
     """A command that raises what no command should (a bug, injected here into a copy of
@@ -485,3 +509,84 @@ def test_a_bug_in_a_worker_is_one_line_and_logged(team: Team, home: Path, where:
         (log,) = where.glob("*.log")
         assert "Traceback" in log.read_text() and "injected bug" in log.read_text()
         assert warm.run("send", "lead", "fine", *ME).returncode == 0
+
+
+class _Shell:
+    """An interactive bash with job control on a pseudo-terminal of its own, as a person
+    at a terminal has: each command runs in its own process group, in the foreground, and
+    Ctrl-Z stops it (bash leads the session, so the group is never orphaned)."""
+
+    def __init__(self, env: dict[str, str], cwd: Path) -> None:
+        import pty
+
+        shell = shutil.which("bash")
+        if shell is None:
+            pytest.skip("no bash on this system")
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: bash, and nothing of pytest's after this
+            try:
+                os.chdir(cwd)
+                os.execve(shell, [shell, "--norc", "--noprofile", "-i"], env | {"PS1": "$ "})
+            finally:
+                os._exit(127)
+        self.seen = b""
+
+    def type(self, keys: bytes) -> None:
+        os.write(self.fd, keys)
+
+    def expect(self, pattern: bytes) -> bytes:
+        """What the terminal shows up to ``pattern`` (a regex), within BOUND_S."""
+        import select
+        import time
+
+        deadline = time.monotonic() + BOUND_S
+        while (found := re.search(pattern, self.seen)) is None:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"the terminal never showed {pattern!r}: {self.seen[-500:]!r}"
+            if select.select([self.fd], [], [], remaining)[0]:
+                self.seen += os.read(self.fd, 65536)
+        shown, self.seen = self.seen[: found.end()], self.seen[found.end() :]
+        return shown
+
+    def close(self) -> None:
+        """End bash and every job it still has: the processes of its session."""
+        for entry in os.listdir("/proc"):
+            with contextlib.suppress(OSError, IndexError):
+                if entry.isdigit() and int(Path(f"/proc/{entry}/stat").read_text()
+                                           .rpartition(")")[2].split()[3]) == self.pid:  # fmt: skip
+                    os.kill(int(entry), signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+        os.close(self.fd)
+
+
+def _state(pid: int) -> str:
+    """The state letter of process ``pid`` (T: stopped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+
+
+def test_ctrl_z_stops_the_command_and_fg_goes_on(warm: Warm, home: Path) -> None:
+    """At a terminal, Ctrl-Z on a command the server runs stops it (its worker too), the
+    shell says so, and ``fg`` starts both again: the mail that comes then is delivered."""
+    shell = _Shell(warm.env, warm.where.parent)
+    try:
+        shell.expect(rb"\$ ")
+        shell.type(f"{sys.executable} -m ralph_mail wait --timeout 60 --agent worker-2\n"
+                   .encode())  # fmt: skip
+        wait_until(lambda: [pid for pid in _children(warm.pid) if _state(pid) == "S"
+                            and os.readlink(f"/proc/{pid}/fd/1").startswith("/dev/pts/")],
+                   "the worker of the wait")  # fmt: skip
+        (worker,) = [pid for pid in _children(warm.pid)
+                     if os.readlink(f"/proc/{pid}/fd/1").startswith("/dev/pts/")]  # fmt: skip
+        shell.type(b"\x1a")  # Ctrl-Z
+        shell.expect(rb"Stopped.*\r?\n.*\$ ")
+        wait_until(lambda: _state(worker) == "T", "the worker stopped")
+        shell.type(b"fg\n")
+        wait_until(lambda: _state(worker) != "T", "the worker started again")
+        MessageBus("demo", "lead", home=home).send("worker-2", "text", "after fg")
+        shell.expect(rb"after fg")
+        shell.type(b"echo rc=$?\n")
+        assert shell.expect(rb"rc=\d+").endswith(b"rc=0")
+        assert ended(worker)
+    finally:
+        shell.close()
