@@ -452,9 +452,13 @@ def test_a_terminal_is_a_terminal_for_the_command(warm: Warm, home: Path) -> Non
     assert max(len(line) for line in outputs[2].splitlines()) > 80  # the terminal's width
 
 
-def test_a_stopped_worker_whose_client_was_killed_ends(warm: Warm) -> None:
+@pytest.mark.parametrize("server_ends", [False, True], ids=["server-on", "server-ends"])
+def test_a_stopped_worker_whose_client_was_killed_ends(warm: Warm, server_ends: bool) -> None:
     """A worker stopped (as Ctrl-Z stops it) whose client is then killed with SIGKILL:
-    the server starts it again, and it ends (no stopped process is left behind)."""
+    the server starts it again, and it ends (no stopped process is left behind); also when
+    the server is sent SIGTERM at once after the kill, by its last look (once it is gone
+    nobody would: its process group is orphaned from the start, so the kernel sends the
+    worker nothing)."""
     client = warm.popen("wait", "--timeout", "60", "--agent", "worker-2")
     with client:
         wait_until(lambda: warm.worker_of(client), "the worker of the wait")
@@ -462,31 +466,10 @@ def test_a_stopped_worker_whose_client_was_killed_ends(warm: Warm) -> None:
         os.kill(worker, signal.SIGSTOP)
         client.kill()
         client.wait(BOUND_S)
-        assert ended(worker)
-
-
-def test_a_stopped_worker_whose_client_was_killed_ends_with_its_server(
-    team: Team, home: Path, where: Path
-) -> None:
-    """The same, the server sent SIGTERM at once after the kill: its last look goes on with
-    the worker (once the server is gone, nobody would: its process group was orphaned
-    from the start, so the kernel sends it nothing)."""
-    warm = Warm(home, where)
-    warm.start()
-    try:
-        client = warm.popen("wait", "--timeout", "60", "--agent", "worker-2")
-        with client:
-            wait_until(lambda: warm.worker_of(client), "the worker of the wait")
-            worker = warm.worker_of(client)
-            os.kill(worker, signal.SIGSTOP)
-            client.kill()
-            client.wait(BOUND_S)
+        if server_ends:
             os.kill(warm.pid, signal.SIGTERM)
             assert ended(warm.pid)
-            assert ended(worker)
-    finally:
-        if not ended(warm.pid, 0):
-            os.kill(warm.pid, signal.SIGKILL)
+        assert ended(worker)
 
 
 def test_a_bug_in_a_worker_is_one_line_and_logged(team: Team, home: Path, where: Path,
