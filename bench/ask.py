@@ -92,7 +92,7 @@ cursor = os.open(f"{d}/{me}.cursor", os.O_RDWR | os.O_CREAT, 0o600)
 poller = select.poll()
 poller.register(bell, select.POLLIN)
 head = struct.pack("<2s64s", b"\\xa5\\x5a", other.encode())
-ids, offset = [], 0
+ids, prefixes, offset = [], {}, 0
 
 def send(kind, content, reply_to):
     global ring
@@ -105,7 +105,10 @@ def send(kind, content, reply_to):
     fcntl.flock(theirs, fcntl.LOCK_EX)
     try:
         at = os.fstat(theirs).st_size
-        line = encoded + b'"' + str(time.time_ns() // 1000).encode() + b'"}\\n'
+        second, fraction = divmod(time.time_ns() // 1000, 1_000_000)
+        if second not in prefixes:
+            prefixes[second] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        line = encoded + f'"{prefixes[second]}.{fraction:06d}Z"}}\\n'.encode()
         os.write(theirs, line)
     finally:
         fcntl.flock(theirs, fcntl.LOCK_UN)

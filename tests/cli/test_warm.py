@@ -79,10 +79,14 @@ class Warm:
         """The server's worker running ``client``'s command: the child of the server
         whose standard output is the client's (the very pipe)."""
         assert client.stdout is not None
-        pipe = f"pipe:[{os.fstat(client.stdout.fileno()).st_ino}]"
+        return self.worker_on(f"pipe:[{os.fstat(client.stdout.fileno()).st_ino}]")
+
+    def worker_on(self, output: str) -> int:
+        """The server's worker whose standard output is ``output`` (as /proc names it: a
+        pipe, a terminal), or 0 when there is none yet."""
         for pid in _children(self.pid):
             with contextlib.suppress(OSError):
-                if os.readlink(f"/proc/{pid}/fd/1") == pipe:
+                if os.readlink(f"/proc/{pid}/fd/1") == output:
                     return pid
         return 0
 
@@ -556,11 +560,9 @@ def test_ctrl_z_stops_the_command_and_fg_goes_on(warm: Warm, home: Path) -> None
         shell.expect(rb"\$ ")
         shell.type(f"{sys.executable} -m ralph_mail wait --timeout 60 --agent worker-2\n"
                    .encode())  # fmt: skip
-        wait_until(lambda: [pid for pid in _children(warm.pid) if _state(pid) == "S"
-                            and os.readlink(f"/proc/{pid}/fd/1").startswith("/dev/pts/")],
-                   "the worker of the wait")  # fmt: skip
-        (worker,) = [pid for pid in _children(warm.pid)
-                     if os.readlink(f"/proc/{pid}/fd/1").startswith("/dev/pts/")]  # fmt: skip
+        terminal = os.readlink(f"/proc/{shell.pid}/fd/0")  # the shell's, so the command's
+        wait_until(lambda: warm.worker_on(terminal), "the worker of the wait")
+        worker = warm.worker_on(terminal)
         shell.type(b"\x1a")  # Ctrl-Z
         shell.expect(rb"Stopped.*\r?\n.*\$ ")
         wait_until(lambda: _state(worker) == "T", "the worker stopped")
