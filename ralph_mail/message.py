@@ -373,6 +373,8 @@ def last_ts(data: bytes) -> str | None:
 #: A read of more lines than this decodes them with orjson (see `ralph_mail.codec`).
 MANY_LINES = 256
 _FIELDS = ("id", "from_agent", "to_agent", "type", "content", "metadata", "ts", "reply_to")
+_FIELD_SET = frozenset(_FIELDS)
+_OPTIONAL_SET = frozenset(_OPTIONAL)
 _new = object.__new__
 _adopt = object.__setattr__
 
@@ -470,9 +472,14 @@ def decode_lines(lines: list[bytes]) -> tuple[list[Message | str], bool]:
             if "reply_to" not in fields:
                 fields["reply_to"] = None
             metadata = fields["metadata"]
+            if len(fields) != 8:  # optional keys (a request's chain, a reply's thread)
+                extra = fields.keys() - _FIELD_SET
+                if len(fields) - len(extra) != 8 or not extra <= _OPTIONAL_SET:
+                    raise InvalidMessage("keys beyond the envelope's")  # `decode` drops them
+                for key in extra:
+                    fields[key] = _check_optional(key, fields[key])
             ok = (
-                len(fields) == 8
-                and sender.__class__
+                sender.__class__
                 is recipient.__class__
                 is fields["id"].__class__
                 is fields["content"].__class__

@@ -105,6 +105,47 @@ def test_an_inbox_replaced_by_an_empty_file_is_read_from_its_start(team: Team) -
     record(messages=110, faults=1)
 
 
+def test_a_line_ended_just_before_its_inbox_was_replaced_is_read(
+    team: Team, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader finds half a line; before it looks whether its inbox was replaced, the
+    line gets its end and the inbox is replaced: the reader reads that line from the
+    old file before it moves to the new one (a replaced file's size is final)."""
+    lead = MessageBus("demo", "lead")
+    fill(1)
+    lead.poll()
+    path = inbox(team)
+    line = (
+        b'{"id":"0123456789ab","from":"worker-1","to":"lead","type":"text","content":"late",'
+        b'"metadata":{},"ts":"2026-01-01T00:00:00.000000Z"}\n'
+    )
+    with path.open("ab") as out:
+        out.write(line[:40])
+    old = path.stat().st_ino
+    real_fstat = os.fstat
+
+    def fstat(fd: int) -> os.stat_result:
+        status = real_fstat(fd)
+        if status.st_ino == old and status.st_nlink:
+            with path.open("ab") as out:
+                out.write(line[40:])
+            fresh = path.with_name("fresh.tmp")
+            fresh.write_bytes(b"")
+            fresh.chmod(0o600)
+            os.replace(fresh, path)
+            status = real_fstat(fd)
+        return status
+
+    monkeypatch.setattr(inbox_module.os, "fstat", fstat)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = lead.poll()
+    monkeypatch.setattr(inbox_module.os, "fstat", real_fstat)
+    assert [m.content for m in got] == ["late"]
+    new = fill(2)
+    assert [m.id for m in lead.poll()] == new
+
+
 def test_a_restarted_owner_whose_inbox_was_replaced_reads_the_new_one(team: Team) -> None:
     """The cursor records its inbox's inode: an owner restarted after the inbox was
     replaced reads the new inbox from its start rather than at a stale offset."""

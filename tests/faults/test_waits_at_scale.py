@@ -158,6 +158,44 @@ def test_a_sender_rings_kept_doorbells_without_listing_and_sees_a_new_waiter(
         sender.close()
 
 
+def test_a_kept_doorbell_is_rung_before_its_directory_is_looked_at(
+    team: Team, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ringing again through a kept FIFO writes its byte first, so the waiter wakes at
+    once, and only then looks at the key's directory (still after the append): the
+    stat is not on the way to the wake-up."""
+    store = team.store
+    assert isinstance(store, FileStore)
+    sender = MessageBus("demo", "worker-1")
+    waiter = store.waiter(["lead"])
+    try:
+        _settle(store.root / "bells" / "lead")
+        sender.send("lead", "text", "one")  # listed, and kept
+        assert waiter.wait(0.0)
+        calls: list[str] = []
+        real_write, real_stat = bells.os.write, bells.os.stat
+
+        def write(fd: int, data: bytes) -> int:
+            if data == b"\0":
+                calls.append("ring")
+            return real_write(fd, data)
+
+        def look(path: str, **kwargs: object) -> os.stat_result:
+            if str(path).startswith("bells/"):
+                calls.append("stat")
+            return real_stat(path, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(bells.os, "write", write)
+        monkeypatch.setattr(bells.os, "stat", look)
+        sender.send("lead", "text", "two")
+        monkeypatch.setattr(bells.os, "write", real_write)
+        monkeypatch.setattr(bells.os, "stat", real_stat)
+        assert calls == ["ring", "stat"] and waiter.wait(0.0)
+    finally:
+        waiter.close()
+        sender.close()
+
+
 def test_a_directory_stamped_in_whole_seconds_is_listed_until_it_settled(
     team: Team, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -226,3 +226,28 @@ def test_hold_time_experiment_runs() -> None:
     assert done.returncode == 0, done.stderr
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "µs |" in line]
     assert [row.split(" |")[0] for row in rows] == ["| 0 µs", "| 2 µs", "| 5 µs", "| 10 µs"]
+
+
+def test_the_ask_path_tool_stamps_every_step_of_an_ask() -> None:
+    """bench/askpath.py (cited in docs/performance.md) prints the median of each step of
+    an ask between two processes, every step stamped, and the whole ask last."""
+    from bench.askpath import NAMES
+
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.askpath", "--asks", "30"],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = [line.rsplit(None, 2) for line in done.stdout.splitlines()]
+    assert [name for name, _, _ in rows] == list(NAMES)
+    assert all(unit == "µs" for _, _, unit in rows)
+    steps, whole = [float(t) for _, t, _ in rows[:-1]], float(rows[-1][1])
+    assert all(step >= 0 for step in steps) and whole > 0
+
+
+def test_the_ask_path_tool_refuses_a_bad_count_in_one_line() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.askpath", "--asks", "0"],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+    )  # fmt: skip
+    assert done.returncode == 2 and "--asks 0: give at least 1" in done.stderr

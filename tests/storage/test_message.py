@@ -7,7 +7,7 @@ import re
 import orjson
 import pytest
 
-from ralph_mail import InvalidMessage, InvalidName, Message, MessageType
+from ralph_mail import InvalidMessage, InvalidName, Message, MessageType, codec
 from ralph_mail.message import check_name, decode, decode_lines, encode, format_ts, new_id
 
 WIRE_KEYS = ["id", "from", "to", "type", "content", "metadata", "ts"]
@@ -65,6 +65,45 @@ def test_timestamp_format_is_utc_microseconds_z() -> None:
     """Timestamps are UTC ISO-8601 with microseconds and a Z."""
     assert format_ts(0) == "1970-01-01T00:00:00.000000Z"
     assert format_ts(1_700_000_000_000_001) == "2023-11-14T22:13:20.000001Z"
+
+
+_LINE = (
+    b'{"id":"0123456789ab","from":"w1","to":"lead","type":"request","content":"hi",'
+    b'"metadata":{},"ts":"2026-01-01T00:00:00.000000Z"'
+)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        b"",
+        b',"chain":["a","b"]',
+        b',"thread":"0123456789ac","reply_to":"0123456789ac"',
+        b',"priority":"high","ack":true,"visibility":"user_visible"',
+        b',"from a newer writer":1',
+        b',"priority":"nope"',
+        b',"chain":"x"',
+    ],
+)
+def test_decode_lines_reads_a_line_once_as_decode_does(
+    extra: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A well-formed line with optional keys (a request's chain, a reply's thread) is
+    parsed once by a bulk read, into what `decode` makes of it; a bad one gets
+    `decode`'s reason."""
+    line = _LINE + extra + b"}"
+    try:
+        wanted: object = decode(line).__dict__
+    except InvalidMessage as exc:
+        wanted = str(exc)
+    parsed = []
+    loads = codec.loads
+    monkeypatch.setattr(codec, "loads", lambda raw: parsed.append(raw) or loads(raw))
+    [got], clean = decode_lines([line])
+    assert (got if isinstance(got, str) else got.__dict__) == wanted
+    assert clean is not isinstance(wanted, str)
+    if clean and b"newer" not in extra:
+        assert parsed == [line]
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,8 @@ before the link was made, so the waiter's read finds the line.
 
 A sender keeps the FIFOs it rang open (16 at most) and rings them again without listing
 while the key's directory keeps the time it had when listed (`_Rings`): a link changes
-it, and the sender looks at it (one stat) after its append, so the argument holds.
+it, and the sender looks at it (one stat, after ringing the FIFOs it kept) after its
+append, so the argument holds.
 
 Why a killed waiter costs nothing: the waiter holds its FIFO open read-write, so the
 FIFO has a reader exactly while the process lives. Opening a FIFO for writing without
@@ -88,8 +89,8 @@ class _Listing:
 
 class _Rings:
     """The FIFOs a process rang, kept open (`RINGS_KEPT` at most, the least recently used
-    closed first) so that ringing the same waiters again is a stat, a poll and a write
-    each, not a lookup, a listing and an open and close of every FIFO.
+    closed first) so that ringing the same waiters again is a poll, a write each and a
+    stat, not a lookup, a listing and an open and close of every FIFO.
 
     A listing is kept under the team directory's descriptor and the key (a descriptor
     closed and reused for another team finds another inode). It is used while its
@@ -120,15 +121,18 @@ class _Rings:
                 self._fds, self._pid = 0, my_pid()
             listing = self._kept.get(name)
             if listing is not None:
+                # Ring first, so the wake-up goes now; then see whether the listing still
+                # holds (still after the append). A waiter it missed is rung by the
+                # listing made again, and the others get a second byte: a spare wake-up.
+                rung = _ring_kept(listing)
                 try:
                     status = os.stat(where, dir_fd=root, follow_symlinks=False)
                 except OSError:  # nobody waits any more
                     self._drop(name)
                     return
-                if (listing.inode, listing.mtime) == (status.st_ino, status.st_mtime_ns):
+                if rung and (listing.inode, listing.mtime) == (status.st_ino, status.st_mtime_ns):
                     self._kept.move_to_end(name)
-                    if _ring_kept(listing):
-                        return
+                    return
                 self._drop(name)
             listing = _ring_listing(root, where)
             if listing is not None and listing.fds:

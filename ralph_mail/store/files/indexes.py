@@ -216,7 +216,7 @@ def _file_of(key: str) -> tuple[str, bytes | None]:
 
 
 def _tail(fd: int, count: int) -> list[Entry]:
-    size = os.fstat(fd).st_size
+    size = os.lseek(fd, 0, os.SEEK_END)  # not fstat: no stat result to build
     if size % _RECORD:  # a fragment somewhere: read it all and step over it
         data = pread_all(fd, size, 0)
     else:
@@ -230,7 +230,7 @@ def _thread_tail(fd: int, thread: bytes, count: int) -> tuple[list[Entry], bool]
     """The last ``count`` entries of ``thread`` in its bucket, read backwards from the end
     in growing steps until the thread's start mark, the bucket's start, or ``count``;
     and whether the mark was met."""
-    size = os.fstat(fd).st_size
+    size = os.lseek(fd, 0, os.SEEK_END)  # not fstat: no stat result to build
     if size % _THREAD_RECORD:  # a fragment somewhere: read it all and step over it
         whole = _valid(pread_all(fd, size, 0), _THREAD_ENTRY)
         return _after_mark([e for e in whole if e[0] == thread], count)
