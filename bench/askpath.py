@@ -223,7 +223,7 @@ def instructions() -> tuple[int, int]:
                                home, str(asks)]  # fmt: skip
                 else:
                     command = [sys.executable, "-m", "bench.askpath", "--child", "valgrind",
-                               home, str(asks), *wrap]  # fmt: skip
+                               home, str(asks), orjson.dumps(wrap).decode()]  # fmt: skip
                 subprocess.run(command, env=child_env(), check=True, timeout=1800)
                 [found] = Path(scratch).glob("callgrind.*")
                 totals.append(_total(found))
@@ -249,12 +249,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:  # a process of a run: trace, plain (under valgrind) or valgrind
-        mode, home, asks, *wrap = args.child
+        mode, home, asks, *wrap = args.child  # wrap: the replier's valgrind, as JSON
         if mode == "trace":
             _ask(home, int(asks), prefix=STAMPS, stamps=[])
         else:
             exec(NO_TOUCH, {})
-            _ask(home, int(asks), prefix=NO_TOUCH, wrap=tuple(wrap))
+            _ask(
+                home, int(asks), prefix=NO_TOUCH, wrap=tuple(orjson.loads(wrap[0]) if wrap else ())
+            )
         return 0
     if args.asks < 1:
         parser.error(f"--asks {args.asks}: give at least 1")
