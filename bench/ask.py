@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import time
+from types import ModuleType
 from typing import Final
 
 from bench import peer_venv
@@ -222,12 +223,14 @@ def _inotify_round_trips(ws: Workspace, count: int) -> list[float]:
     return times
 
 
-def start_replier(home: object, answers: int, team: str) -> subprocess.Popen[bytes]:
+def start_replier(
+    home: object, answers: int, team: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     """A `REPLIER` process answering ``answers`` requests in ``team`` at ``home``, once
-    it is ready."""
+    it is ready (``env``: more of its environment)."""
     replier = subprocess.Popen(
         [sys.executable, "-c", REPLIER, str(home), str(answers), team, "replier"],
-        stdout=subprocess.PIPE, env=child_env(),
+        stdout=subprocess.PIPE, env=child_env(env),
     )  # fmt: skip
     assert replier.stdout is not None and replier.stdout.readline() == b"ready\n"
     return replier
@@ -271,6 +274,9 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
     ask = sec.add(Row("ask_roundtrip", "bus.ask -> reply from another process (p50)", "µs",
                       "lower", anchor=pipe.key, status="ok" if not isinstance(rm, str) else rm,
                       extra={"p99_us": []}))  # fmt: skip
+    still = sec.add(Row("ask_no_spin", "the same with RALPH_SPIN_US=0: each side sleeps at "
+                        "once in every wait (p50)", "µs", "lower", anchor=pipe.key,
+                        status=ask.status, extra={"p99_us": []}))  # fmt: skip
     count = sizes.wake_n
     for _ in range(sizes.wake_reps):
         times = _pipe_round_trips(count)
@@ -284,25 +290,39 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
         least.extra["p99_us"].append(percentile(times, 99))
         if isinstance(rm, str):
             continue
-        home = ws.fresh("ask")
-        rm.create_team("ask", ["asker", "replier"], home=home)
-        replier = start_replier(home, count + 5, "ask")
-        try:
-            bus = rm.MessageBus("ask", "asker", home=home)
-            for _ in range(5):  # warm both sides up
-                bus.ask("replier", "warm", timeout=30)
-            times = []
-            for n in range(count):
-                t0 = time.perf_counter()
-                bus.ask("replier", str(n), timeout=30)
-                times.append((time.perf_counter() - t0) * 1e6)
-            bus.close()
-            ask.values.append(percentile(times, 50))
-            ask.extra["p99_us"].append(percentile(times, 99))
-        finally:
-            replier.wait(timeout=60)
+        for row, spin in ((ask, None), (still, "0")):
+            times = _ask_round_trips(rm, ws, count, spin)
+            row.values.append(percentile(times, 50))
+            row.extra["p99_us"].append(percentile(times, 99))
     _peer(sec, sizes, ws)
     return sec
+
+
+def _ask_round_trips(rm: ModuleType, ws: Workspace, count: int, spin: str | None) -> list[float]:
+    """Microseconds per `bus.ask` to a replier process, both sides with
+    ``RALPH_SPIN_US=spin`` (None: the default)."""
+    home = ws.fresh("ask")
+    rm.create_team("ask", ["asker", "replier"], home=home)
+    env = {"RALPH_SPIN_US": spin} if spin is not None else {}
+    replier = start_replier(home, count + 5, "ask", env)
+    before = os.environ.pop("RALPH_SPIN_US", None)
+    os.environ.update(env)  # read when the asker's waiter is made, at its first ask
+    try:
+        bus = rm.MessageBus("ask", "asker", home=home)
+        for _ in range(5):  # warm both sides up
+            bus.ask("replier", "warm", timeout=30)
+        times = []
+        for n in range(count):
+            t0 = time.perf_counter()
+            bus.ask("replier", str(n), timeout=30)
+            times.append((time.perf_counter() - t0) * 1e6)
+        bus.close()
+        return times
+    finally:
+        os.environ.pop("RALPH_SPIN_US", None)
+        if before is not None:
+            os.environ["RALPH_SPIN_US"] = before
+        replier.wait(timeout=60)
 
 
 def _peer(sec: Section, sizes: Sizes, ws: Workspace) -> None:

@@ -16,6 +16,7 @@ Examples::
     python -m bench.askpath                   # step medians over 2,000 asks
     python -m bench.askpath --asks 300
     python -m bench.askpath --instructions    # needs valgrind; about a minute
+    RALPH_SPIN_US=0 python -m bench.askpath   # no wait spins before it sleeps
 """
 
 from __future__ import annotations
@@ -124,6 +125,12 @@ WARM: Final = 300
 NO_TOUCH: Final = "import ralph_mail.mailbox.box as _box\n_box._TOUCH_EVERY_S = 1e9\n"
 
 
+def _env(**more: str) -> dict[str, str]:
+    """The children's environment: `child_env`, keeping ``$RALPH_SPIN_US`` if set."""
+    spin = os.environ.get("RALPH_SPIN_US")
+    return child_env({**({"RALPH_SPIN_US": spin} if spin is not None else {}), **more})
+
+
 def _ask(home: str, asks: int, *, prefix: str = "", wrap: tuple[str, ...] = (),
          stamps: list[tuple[str, int]] | None = None) -> None:  # fmt: skip
     """Ask a replier (run under ``wrap``, with ``prefix`` run first) `WARM` + ``asks``
@@ -131,7 +138,7 @@ def _ask(home: str, asks: int, *, prefix: str = "", wrap: tuple[str, ...] = (),
     replier = subprocess.Popen(
         [*wrap, sys.executable, "-c", prefix + REPLIER, home, str(WARM + asks), "ask",
          "replier"],
-        stdout=subprocess.PIPE, env=child_env(),
+        stdout=subprocess.PIPE, env=_env(),
     )  # fmt: skip
     try:
         assert replier.stdout is not None and replier.stdout.readline() == b"ready\n"
@@ -168,7 +175,7 @@ def trace(asks: int) -> list[tuple[str, float]]:
         out = os.path.join(scratch, "stamps")
         asker = subprocess.Popen(
             [sys.executable, "-m", "bench.askpath", "--child", "trace", home, str(asks)],
-            env={**child_env(), "ASKPATH_OUT": out},
+            env=_env(ASKPATH_OUT=out),
         )  # fmt: skip
         if asker.wait(timeout=600):
             raise SystemExit(f"askpath: the asking process failed (exit {asker.returncode})")
@@ -224,7 +231,7 @@ def instructions() -> tuple[int, int]:
                 else:
                     command = [sys.executable, "-m", "bench.askpath", "--child", "valgrind",
                                home, str(asks), orjson.dumps(wrap).decode()]  # fmt: skip
-                subprocess.run(command, env=child_env(), check=True, timeout=1800)
+                subprocess.run(command, env=_env(), check=True, timeout=1800)
                 [found] = Path(scratch).glob("callgrind.*")
                 totals.append(_total(found))
         counts.append((totals[1] - totals[0]) // 300)

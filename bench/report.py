@@ -356,6 +356,16 @@ def targets(secs: Sections) -> list[Target]:
         "{r:.1f}x",
     )
     add_ratio(
+        "ask_no_spin_vs_file_floor",
+        "the same with RALPH_SPIN_US=0 (no wait spins before it sleeps, as the floor's)",
+        row(ask, "ask_no_spin"),
+        row(ask, "inotify_pingpong"),
+        "≤ 6x",
+        time_ratio,
+        lambda r: r <= 6.0,
+        "{r:.1f}x",
+    )
+    add_ratio(
         "python_ask_vs_file_floor",
         "the least a Python file mailbox does for an ask (p50) vs the file ping-pong (the "
         "bound above, on the floor)",

@@ -9,6 +9,8 @@ runs on every way of waiting that ``RALPH_WAIT`` can pick.
 from __future__ import annotations
 
 import os
+import re
+import select
 import signal
 import stat
 import subprocess
@@ -196,6 +198,92 @@ def test_a_kept_doorbell_is_rung_before_its_directory_is_looked_at(
         sender.close()
 
 
+def _polls(waiter: object) -> list[int]:
+    """Record the timeout (ms) of each poll(2) of ``waiter``'s doorbell, in order."""
+    bell = waiter._source  # type: ignore[attr-defined]
+    assert isinstance(bell, bells.Bell)
+    real, calls = bell._poller, []
+
+    class Recorder:
+        def register(self, fd: int, events: int) -> None:
+            real.register(fd, events)
+
+        def unregister(self, fd: int) -> None:
+            real.unregister(fd)
+
+        def poll(self, ms: int) -> list[tuple[int, int]]:
+            calls.append(ms)
+            return real.poll(ms)
+
+    bell._poller = Recorder()  # type: ignore[assignment]
+    return calls
+
+
+def test_a_doorbell_rung_lately_spins_before_it_blocks_and_an_idle_one_never(
+    team: Team,
+) -> None:
+    """A wait that begins just after its doorbell rang (a conversation going on) looks
+    without sleeping for a while before it blocks, so what comes then wakes no sleeper;
+    a spin that found nothing is not tried again before the next ring, and a waiter
+    that was not rung lately blocks at once: an idle one never spins."""
+    store = team.store
+    assert isinstance(store, FileStore)
+    sender = MessageBus("demo", "worker-1")
+    waiter = store.waiter(["lead"])
+    try:
+        assert waiter.mechanism == "bell"
+        calls = _polls(waiter)
+        assert not waiter.wait(0.05) and calls == [50]  # idle: one poll that blocks
+        calls.clear()
+        sender.send("lead", "text", "one")
+        assert waiter.wait(1.0) and calls == [1000]  # rung, not lately: no spin
+        calls.clear()
+        sender.send("lead", "text", "two")
+        assert waiter.wait(1.0) and calls == [0]  # rung lately: the spin's first look
+        calls.clear()
+        assert not waiter.wait(0.05)  # nothing comes: it spins, then blocks the rest
+        assert calls[0] == 0 and len(calls) >= 2 and 0 <= calls[-1] <= 50
+        assert all(ms == 0 for ms in calls[:-1])
+        calls.clear()
+        assert not waiter.wait(0.05) and calls == [50]  # that spin found nothing: none
+    finally:
+        waiter.close()
+        sender.close()
+
+
+def test_no_spin_with_ralph_spin_us_0_and_a_bad_value_refused(
+    team: Team, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RALPH_SPIN_US=0: a wait just after a ring blocks at once. A value that is not a
+    number of microseconds in range is refused in one line naming it, and the command
+    line exits 2."""
+    store = team.store
+    assert isinstance(store, FileStore)
+    monkeypatch.setenv("RALPH_SPIN_US", "0")
+    sender = MessageBus("demo", "worker-1")
+    waiter = store.waiter(["lead"])
+    try:
+        calls = _polls(waiter)
+        sender.send("lead", "text", "one")
+        assert waiter.wait(1.0)
+        calls.clear()
+        assert not waiter.wait(0.05) and calls == [50]
+    finally:
+        waiter.close()
+        sender.close()
+    for bad in ("fast", "-1", "100001", "2.5"):
+        monkeypatch.setenv("RALPH_SPIN_US", bad)
+        with pytest.raises(MailError, match=rf"RALPH_SPIN_US='{re.escape(bad)}'.*0 \(never"):
+            store.waiter(["lead"])
+    done = subprocess.run(
+        [sys.executable, "-m", "ralph_mail", "wait", "--team", "demo", "--agent", "worker-1",
+         "--timeout", "1"],
+        capture_output=True, env=cli_env(team.home, RALPH_SPIN_US="fast"), timeout=BOUND_S,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.decode().count("\n") == 1 and b"RALPH_SPIN_US" in done.stderr
+
+
 def test_a_directory_stamped_in_whole_seconds_is_listed_until_it_settled(
     team: Team, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -367,3 +455,56 @@ def test_the_wait_contract_holds_on_every_way_of_waiting(mechanism: str) -> None
     tail = done.stdout.decode(errors="replace")[-3000:]
     assert done.returncode == 0, tail
     assert " passed" in tail and " failed" not in tail
+
+
+class _Clocks:
+    """Fake clocks for `posix.ready`'s spin: the wall advances 20 µs at each look, and
+    this thread's CPU time with it (``alone``) or not at all (others have the core)."""
+
+    def __init__(self, alone: bool) -> None:
+        self.wall, self.alone = 0.0, alone
+
+    def monotonic(self) -> float:
+        self.wall += 20e-6
+        return self.wall
+
+    def thread_time(self) -> float:
+        return self.wall if self.alone else 0.0
+
+
+@pytest.mark.parametrize("alone", [True, False])
+def test_a_spin_ends_at_once_when_others_want_its_core(
+    alone: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spin that has its core to itself looks until its time is up; one that gets
+    less than half of its core (others run between its looks) sleeps after 50 µs."""
+    from ralph_mail.store.files import posix
+
+    read, write = os.pipe()
+    poller = select.poll()
+    poller.register(read, select.POLLIN)
+    looks: list[int] = []
+    real = poller.poll
+
+    class Recorder:
+        def register(self, fd: int, events: int) -> None:
+            poller.register(fd, events)
+
+        def unregister(self, fd: int) -> None:
+            poller.unregister(fd)
+
+        def poll(self, ms: int) -> list[tuple[int, int]]:
+            looks.append(ms)
+            return real(ms)
+
+    clocks = _Clocks(alone)
+    monkeypatch.setattr(posix.time, "monotonic", clocks.monotonic)
+    monkeypatch.setattr(posix.time, "thread_time", clocks.thread_time)
+    try:
+        assert not posix.ready(Recorder(), read, 0.001, spin=0.0005)  # type: ignore[arg-type]
+    finally:
+        os.close(read)
+        os.close(write)
+    spins = looks[:-1]
+    assert all(ms == 0 for ms in spins) and looks[-1] >= 0
+    assert len(spins) == (25 if alone else 3)  # 500 µs in steps of 20; 3 by 60 µs

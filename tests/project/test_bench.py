@@ -58,6 +58,7 @@ TARGETS = {
     "ask_vs_pipe",
     "ask_vs_file_floor",
     "python_ask_vs_file_floor",
+    "ask_no_spin_vs_file_floor",
     "send_flat",
     "ask_flat",
     "rss_flat",

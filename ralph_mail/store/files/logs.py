@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from ralph_mail.errors import StoreError
 from ralph_mail.message import check_name
-from ralph_mail.settings import FILE_MODE
+from ralph_mail.settings import FILE_MODE, spin_seconds
 from ralph_mail.store.base import Compaction, Cursor, check_key
 from ralph_mail.store.files.archive import Archive
 from ralph_mail.store.files.bells import Bell, PollingNote, Waiting, ring, survey
@@ -145,12 +145,12 @@ class Logs(TeamFiles):
             self.dirs.get(where)
         mailbox = places.pop("mailbox")
         more = {self.dirs.path(where): names for where, names in places.items()}
-        dirs = self.dirs
+        dirs, spin = self.dirs, spin_seconds()  # a bad RALPH_SPIN_US: refused here, whole
         return Watcher(
             self.dirs.path("mailbox"),
             mailbox,
             more,
-            bell=lambda: Bell(dirs, agents),
+            bell=lambda: Bell(dirs, agents, spin),
             note=lambda reason: PollingNote(dirs, reason),
         )
 

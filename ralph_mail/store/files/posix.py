@@ -16,6 +16,7 @@ import errno
 import os
 import select
 import stat
+import time
 
 from ralph_mail.errors import StoreError
 from ralph_mail.settings import DIR_MODE, FILE_MODE
@@ -196,15 +197,21 @@ def copy_range(source: int, target: int, offset: int, length: int) -> None:
         raise StoreError(f"inbox shrank while it was copied ({written} of {length} bytes)")
 
 
+#: How long a spin runs before it checks that it had its core to itself (s).
+_SPIN_FAIR_AFTER_S = 50e-6
+
 #: What one read takes from a doorbell or a self-pipe (a byte is written per ring).
 _DRAIN = 4096
 
 
-def wait_readable(poller: select.poll, fd: int, timeout: float, also: tuple[int, ...] = ()) -> bool:
+def wait_readable(
+    poller: select.poll, fd: int, timeout: float, also: tuple[int, ...] = (), spin: float = 0.0
+) -> bool:
     """Block in ``poll(2)`` (``poller``, on which ``fd`` is registered) at most ``timeout``
     seconds, or until one of ``also`` (a stop flag's descriptors, left as they are) is
-    readable; once ``fd``, a non-blocking pipe or FIFO, is readable, read it empty: True."""
-    if not ready(poller, fd, timeout, also):
+    readable; once ``fd``, a non-blocking pipe or FIFO, is readable, read it empty: True.
+    ``spin``: poll without sleeping for that long first (see `ready`)."""
+    if not ready(poller, fd, timeout, also, spin):
         return False
     # One read empties it: a fuller one is read again (a second read finding it empty would
     # cost a system call and an exception, at every wake-up).
@@ -214,13 +221,33 @@ def wait_readable(poller: select.poll, fd: int, timeout: float, also: tuple[int,
     return True
 
 
-def ready(poller: select.poll, fd: int, timeout: float, also: tuple[int, ...] = ()) -> bool:
+def ready(
+    poller: select.poll, fd: int, timeout: float, also: tuple[int, ...] = (), spin: float = 0.0
+) -> bool:
     """Block in ``poll(2)`` at most ``timeout`` seconds; whether ``fd`` is readable (one
-    of ``also`` readable ends the wait too, with False unless ``fd`` is as well)."""
+    of ``also`` readable ends the wait too, with False unless ``fd`` is as well).
+
+    ``spin``: first look without sleeping, for that many seconds at most (and at most
+    ``timeout``), so that what comes then wakes no sleeper (see
+    `ralph_mail.settings.SPIN_US`). Between looks the core is offered to anything else
+    that wants it, and the spin ends once it got less than half of its core: it never
+    takes a core that others are waiting for."""
     for other in also:
         poller.register(other, select.POLLIN)
     try:
-        events = poller.poll(max(0, round(timeout * 1000)))
+        events = poller.poll(0) if spin > 0 else []
+        if spin > 0 and not events:
+            start, used = time.monotonic(), time.thread_time()
+            end = start + min(spin, timeout)
+            while not events and (now := time.monotonic()) < end:
+                spent = now - start
+                if spent > _SPIN_FAIR_AFTER_S and time.thread_time() - used < spent / 2:
+                    break  # others want this core: sleep
+                os.sched_yield()
+                events = poller.poll(0)
+            timeout -= time.monotonic() - start
+        if not events:
+            events = poller.poll(max(0, round(timeout * 1000)))
     finally:
         for other in also:
             poller.unregister(other)
