@@ -458,7 +458,7 @@ def test_the_wait_contract_holds_on_every_way_of_waiting(mechanism: str) -> None
 
 
 class _Clocks:
-    """Fake clocks for `posix.ready`'s spin: the wall advances 20 µs at each look, and
+    """Fake clocks for a spin (`ralph_mail.store.spin`): the wall advances 20 µs at each look, and
     this thread's CPU time with it (``alone``) or not at all (others have the core)."""
 
     def __init__(self, alone: bool) -> None:

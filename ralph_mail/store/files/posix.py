@@ -20,6 +20,7 @@ import time
 
 from ralph_mail.errors import StoreError
 from ralph_mail.settings import DIR_MODE, FILE_MODE
+from ralph_mail.store.spin import spin as spinning
 
 _FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 #: This process's pid, renewed in a child after fork: kept descriptors compare it on
@@ -197,9 +198,6 @@ def copy_range(source: int, target: int, offset: int, length: int) -> None:
         raise StoreError(f"inbox shrank while it was copied ({written} of {length} bytes)")
 
 
-#: How long a spin runs before it checks that it had its core to itself (s).
-_SPIN_FAIR_AFTER_S = 50e-6
-
 #: What one read takes from a doorbell or a self-pipe (a byte is written per ring).
 _DRAIN = 4096
 
@@ -228,23 +226,14 @@ def ready(
     of ``also`` readable ends the wait too, with False unless ``fd`` is as well).
 
     ``spin``: first look without sleeping, for that many seconds at most (and at most
-    ``timeout``), so that what comes then wakes no sleeper (see
-    `ralph_mail.settings.SPIN_US`). Between looks the core is offered to anything else
-    that wants it, and the spin ends once it got less than half of its core: it never
-    takes a core that others are waiting for."""
+    ``timeout``), so that what comes then wakes no sleeper (`ralph_mail.store.spin`)."""
     for other in also:
         poller.register(other, select.POLLIN)
     try:
-        events = poller.poll(0) if spin > 0 else []
-        if spin > 0 and not events:
-            start, used = time.monotonic(), time.thread_time()
-            end = start + min(spin, timeout)
-            while not events and (now := time.monotonic()) < end:
-                spent = now - start
-                if spent > _SPIN_FAIR_AFTER_S and time.thread_time() - used < spent / 2:
-                    break  # others want this core: sleep
-                os.sched_yield()
-                events = poller.poll(0)
+        events = []
+        if spin > 0:
+            start = time.monotonic()
+            events = spinning(lambda: poller.poll(0), min(spin, timeout))
             timeout -= time.monotonic() - start
         if not events:
             events = poller.poll(max(0, round(timeout * 1000)))
