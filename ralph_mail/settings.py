@@ -42,13 +42,13 @@ WATCH_STOP_CHECK_MAX_S: Final = 1.0
 WAIT_MECHANISMS: Final = ("auto", "bell", "inotify", "watchfiles", "poll")
 
 #: How long a wait on a doorbell polls without sleeping before it blocks (µs, default of
-#: ``$RALPH_SPIN_US``), when its doorbell rang within `SPIN_RECENT_S` of it: a process in
-#: a conversation gets the next message without being put to sleep and woken, which on
-#: a machine whose idle cores halt (most virtual machines) costs 25-45 µs each way.
+#: ``$RALPH_SPIN_US``), when its last wait was rung within `SPIN_QUICK_S`: a process in a
+#: quick conversation gets the next message without being put to sleep and woken, which
+#: on a machine whose idle cores halt (most virtual machines) costs 25-45 µs each way.
 SPIN_US: Final = 250
-#: A wait spins only when its doorbell rang this recently (s), and not again after a spin
-#: that found nothing until it rings again: an idle waiter never spins.
-SPIN_RECENT_S: Final = 0.01
+#: A wait spins only when the one before was rung within this long (s): an idle waiter,
+#: or one whose mail comes further apart, never spins.
+SPIN_QUICK_S: Final = 0.001
 #: The longest spin ``$RALPH_SPIN_US`` may ask for (µs).
 SPIN_US_MAX: Final = 100_000
 

@@ -15,6 +15,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -224,13 +225,13 @@ def _polls(waiter: object) -> list[int]:
     return recorder.calls
 
 
-def test_a_doorbell_rung_lately_spins_before_it_blocks_and_an_idle_one_never(
+def test_a_doorbell_rung_quickly_spins_before_it_blocks_and_an_idle_one_never(
     team: Team,
 ) -> None:
-    """A wait that begins just after its doorbell rang (a conversation going on) looks
-    without sleeping for a while before it blocks, so what comes then wakes no sleeper;
-    a spin that found nothing is not tried again before the next ring, and a waiter
-    that was not rung lately blocks at once: an idle one never spins."""
+    """A wait after one that was rung within a millisecond (a quick conversation going
+    on) looks without sleeping for a while before it blocks, so what comes then wakes
+    no sleeper; a wait after one that timed out, or was rung later, blocks at once: an
+    idle waiter never spins."""
     store = team.store
     assert isinstance(store, FileStore)
     sender = MessageBus("demo", "worker-1")
@@ -241,16 +242,23 @@ def test_a_doorbell_rung_lately_spins_before_it_blocks_and_an_idle_one_never(
         assert not waiter.wait(0.05) and calls == [50]  # idle: one poll that blocks
         calls.clear()
         sender.send("lead", "text", "one")
-        assert waiter.wait(1.0) and calls == [1000]  # rung, not lately: no spin
+        assert waiter.wait(1.0) and calls == [1000]  # the wait before timed out: no spin
         calls.clear()
         sender.send("lead", "text", "two")
-        assert waiter.wait(1.0) and calls == [0]  # rung lately: the spin's first look
+        assert waiter.wait(1.0) and calls == [0]  # the one before rung at once: spin
         calls.clear()
         assert not waiter.wait(0.05)  # nothing comes: it spins, then blocks the rest
         assert calls[0] == 0 and len(calls) >= 2 and 0 <= calls[-1] <= 50
         assert all(ms == 0 for ms in calls[:-1])
         calls.clear()
-        assert not waiter.wait(0.05) and calls == [50]  # that spin found nothing: none
+        assert not waiter.wait(0.05) and calls == [50]  # the wait before timed out
+        calls.clear()
+        later = threading.Timer(0.005, sender.send, ("lead", "text", "three"))
+        later.start()
+        assert waiter.wait(1.0) and calls == [1000]
+        later.join()
+        calls.clear()
+        assert not waiter.wait(0.05) and calls == [50]  # rung 5 ms on: no spin after it
     finally:
         waiter.close()
         sender.close()

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import math
 import os
 import select
 import stat
@@ -42,7 +41,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Final
 
-from ralph_mail.settings import FILE_MODE, SPIN_RECENT_S
+from ralph_mail.settings import FILE_MODE, SPIN_QUICK_S
 from ralph_mail.store.files.layout import TeamDirs
 from ralph_mail.store.files.posix import my_pid, open_dir, pid_alive, wait_readable
 
@@ -259,8 +258,8 @@ class Bell:
 
     def __init__(self, dirs: TeamDirs, keys: list[str], spin: float = 0.0) -> None:
         self.token = f"{os.getpid()}-{os.urandom(6).hex()}"
-        self._spin = spin  # how long a wait right after a ring spins (see `wait`)
-        self._rung = -math.inf  # when the last wait was rung (monotonic)
+        self._spin = spin  # how long a wait spins first (see `wait`)
+        self._quick = False  # whether the last wait was rung within SPIN_QUICK_S
         bells = os.dup(dirs.get(BELLS))  # made on first use: older teams have none
         self._links: list[str] = []
         self._fds = [bells, -1]
@@ -304,12 +303,13 @@ class Bell:
         """Block until rung, ``timeout`` seconds or one of ``also`` readable; True when
         rung (and drained).
 
-        A wait that begins within `SPIN_RECENT_S` of a ring (a conversation going on)
-        first spins for the bell's ``spin`` (see `posix.ready`); a spin that found
-        nothing is not tried again until the bell rings: an idle waiter never spins."""
-        recent = time.monotonic() - self._rung < SPIN_RECENT_S
-        rung = wait_readable(self._poller, self.fd, timeout, also, self._spin if recent else 0.0)
-        self._rung = time.monotonic() if rung else -math.inf
+        A wait after one that was rung within `SPIN_QUICK_S` (a quick conversation
+        going on) first spins for the bell's ``spin`` (see `ralph_mail.store.spin`): an
+        idle waiter, or one whose mail comes further apart, never spins."""
+        start = time.monotonic()
+        spin = self._spin if self._quick else 0.0
+        rung = wait_readable(self._poller, self.fd, timeout, also, spin)
+        self._quick = rung and time.monotonic() - start <= SPIN_QUICK_S
         return rung
 
     def close(self) -> None:
