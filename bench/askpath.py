@@ -2,8 +2,9 @@
 
 ``python -m bench.askpath`` runs a replier process and asks it ``--asks`` times; both
 processes stamp each step of the ask (``time.perf_counter_ns``, one clock for both) by
-wrapping the store's calls, and the report is the median of each step. The stamps cost
-a little, so the total is above the benchmark's ask; the steps show where it goes.
+wrapping the store's calls, and the report is the median of each step, then the CPU
+time an ask cost each process. The stamps cost a little, so the total is above the
+benchmark's ask; the steps show where it goes.
 
 ``python -m bench.askpath --instructions`` counts instead the user-space instructions
 an ask costs each side, with valgrind's callgrind (installed apart: ``apt-get install
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -118,6 +120,9 @@ NAMES: Final = (
     "the whole ask",
 )
 
+#: The CPU time rows that follow the steps (user and system, over the asks counted).
+CPU_NAMES: Final = ("asker: CPU time per ask", "replier: CPU time per ask")
+
 #: Asks before the counted ones: the codec switches to orjson after 256 calls.
 WARM: Final = 300
 #: Presence's once-a-second note of activity, left out of an instruction count: under
@@ -151,18 +156,36 @@ def _ask(home: str, asks: int, *, prefix: str = "", wrap: tuple[str, ...] = (),
             namespace: dict[str, object] = {}
             exec(STAMPS, namespace)
             stamps = namespace["_stamps"]  # type: ignore[assignment]
+        timed = stamps is not None
+        before, theirs = resource.getrusage(resource.RUSAGE_SELF), timed and _proc_cpu(replier.pid)
         for n in range(asks):
             if stamps is not None:
                 stamps.append(("ask0", time.perf_counter_ns()))
             bus.ask("replier", str(n), timeout=300)
             if stamps is not None:
                 stamps.append(("ask1", time.perf_counter_ns()))
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        if timed:  # the CPU time of each process over the asks counted
+            cpu = [(_cpu(after) - _cpu(before)) / asks, (_proc_cpu(replier.pid) - theirs) / asks]
+            Path(os.environ["ASKPATH_OUT"] + ".cpu").write_bytes(orjson.dumps(cpu))
         bus.close()
         replier.wait(timeout=600)
     finally:
         if replier.poll() is None:
             replier.kill()
             replier.wait()
+
+
+def _cpu(usage: resource.struct_rusage) -> float:
+    """User and system CPU time, in µs."""
+    return (usage.ru_utime + usage.ru_stime) * 1e6
+
+
+def _proc_cpu(pid: int) -> float:
+    """The user and system CPU time of process ``pid`` so far, in µs (Linux's /proc, in
+    clock ticks: a hundredth of a second here, a few thousand asks' worth)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1e6 / os.sysconf("SC_CLK_TCK")
 
 
 def trace(asks: int) -> list[tuple[str, float]]:
@@ -181,9 +204,10 @@ def trace(asks: int) -> list[tuple[str, float]]:
             raise SystemExit(f"askpath: the asking process failed (exit {asker.returncode})")
         runs = {path.name.rsplit(".", 1)[1]: orjson.loads(path.read_bytes())
                 for path in Path(scratch).glob("stamps.*")}  # fmt: skip
+    cpu = runs.pop("cpu")
     mine = runs.pop(str(asker.pid))
     [theirs] = runs.values()
-    return _steps({"asker": mine, "replier": theirs})
+    return [*_steps({"asker": mine, "replier": theirs}), *zip(CPU_NAMES, cpu, strict=True)]
 
 
 def _steps(sides: dict[str, list[list[object]]]) -> list[tuple[str, float]]:

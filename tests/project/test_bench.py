@@ -231,8 +231,9 @@ def test_hold_time_experiment_runs() -> None:
 
 def test_the_ask_path_tool_stamps_every_step_of_an_ask() -> None:
     """bench/askpath.py (cited in docs/performance.md) prints the median of each step of
-    an ask between two processes, every step stamped, and the whole ask last."""
-    from bench.askpath import NAMES
+    an ask between two processes, every step stamped, the whole ask, then the CPU time
+    an ask cost each process."""
+    from bench.askpath import CPU_NAMES, NAMES
 
     done = subprocess.run(
         [sys.executable, "-m", "bench.askpath", "--asks", "30"],
@@ -240,10 +241,11 @@ def test_the_ask_path_tool_stamps_every_step_of_an_ask() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     rows = [line.rsplit(None, 2) for line in done.stdout.splitlines()]
-    assert [name for name, _, _ in rows] == list(NAMES)
+    assert [name for name, _, _ in rows] == [*NAMES, *CPU_NAMES]
     assert all(unit == "µs" for _, _, unit in rows)
-    steps, whole = [float(t) for _, t, _ in rows[:-1]], float(rows[-1][1])
+    steps, whole = [float(t) for _, t, _ in rows[: len(NAMES) - 1]], float(rows[len(NAMES) - 1][1])
     assert all(step >= 0 for step in steps) and whole > 0
+    assert all(float(t) > 0 for _, t, _ in rows[len(NAMES) :])
 
 
 def test_the_ask_path_tool_refuses_a_bad_count_in_one_line() -> None:
