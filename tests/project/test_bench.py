@@ -245,7 +245,8 @@ def test_the_ask_path_tool_stamps_every_step_of_an_ask() -> None:
     assert all(unit == "µs" for _, _, unit in rows)
     steps, whole = [float(t) for _, t, _ in rows[: len(NAMES) - 1]], float(rows[len(NAMES) - 1][1])
     assert all(step >= 0 for step in steps) and whole > 0
-    assert all(float(t) > 0 for _, t, _ in rows[len(NAMES) :])
+    asker, replier = (float(t) for _, t, _ in rows[len(NAMES) :])
+    assert asker > 0 and replier >= 0  # (the replier's in clock ticks: 30 asks may be none)
 
 
 def test_the_ask_path_tool_refuses_a_bad_count_in_one_line() -> None:
