@@ -137,9 +137,9 @@ def _env(**more: str) -> dict[str, str]:
 
 
 def _ask(home: str, asks: int, *, prefix: str = "", wrap: tuple[str, ...] = (),
-         stamps: list[tuple[str, int]] | None = None) -> None:  # fmt: skip
+         stamped: bool = False) -> None:  # fmt: skip
     """Ask a replier (run under ``wrap``, with ``prefix`` run first) `WARM` + ``asks``
-    times, stamping the last ``asks`` into ``stamps`` when given."""
+    times; ``stamped``: stamp the last ``asks`` (`STAMPS`) and note each side's CPU time."""
     replier = subprocess.Popen(
         [*wrap, sys.executable, "-c", prefix + REPLIER, home, str(WARM + asks), "ask",
          "replier"],
@@ -152,12 +152,13 @@ def _ask(home: str, asks: int, *, prefix: str = "", wrap: tuple[str, ...] = (),
         bus = ralph_mail.MessageBus("ask", "asker", home)
         for _ in range(WARM):
             bus.ask("replier", "warm", timeout=300)
-        if stamps is not None:
+        stamps: list[tuple[str, int]] | None = None
+        if stamped:
             namespace: dict[str, object] = {}
             exec(STAMPS, namespace)
             stamps = namespace["_stamps"]  # type: ignore[assignment]
-        timed = stamps is not None
-        before, theirs = resource.getrusage(resource.RUSAGE_SELF), timed and _proc_cpu(replier.pid)
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        theirs = _proc_cpu(replier.pid) if stamped else 0.0
         for n in range(asks):
             if stamps is not None:
                 stamps.append(("ask0", time.perf_counter_ns()))
@@ -165,7 +166,7 @@ def _ask(home: str, asks: int, *, prefix: str = "", wrap: tuple[str, ...] = (),
             if stamps is not None:
                 stamps.append(("ask1", time.perf_counter_ns()))
         after = resource.getrusage(resource.RUSAGE_SELF)
-        if timed:  # the CPU time of each process over the asks counted
+        if stamped:  # the CPU time of each process over the asks counted
             cpu = [(_cpu(after) - _cpu(before)) / asks, (_proc_cpu(replier.pid) - theirs) / asks]
             Path(os.environ["ASKPATH_OUT"] + ".cpu").write_bytes(orjson.dumps(cpu))
         bus.close()
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:  # a process of a run: trace, plain (under valgrind) or valgrind
         mode, home, asks, *wrap = args.child  # wrap: the replier's valgrind, as JSON
         if mode == "trace":
-            _ask(home, int(asks), prefix=STAMPS, stamps=[])
+            _ask(home, int(asks), prefix=STAMPS, stamped=True)
         else:
             exec(NO_TOUCH, {})
             _ask(

@@ -345,37 +345,16 @@ def targets(secs: Sections) -> list[Target]:
         lambda r: r <= 15.0,
         "{r:.1f}x",
     )
-    add_ratio(
-        "ask_vs_file_floor",
-        "ask round trip (p50) vs a file ping-pong (append + inotify) between two Python processes",
-        row(ask, "ask_roundtrip"),
-        row(ask, "inotify_pingpong"),
-        "≤ 6x",
-        time_ratio,
-        lambda r: r <= 6.0,
-        "{r:.1f}x",
-    )
-    add_ratio(
-        "ask_no_spin_vs_file_floor",
-        "the same with RALPH_SPIN_US=0 (no wait spins before it sleeps, as the floor's)",
-        row(ask, "ask_no_spin"),
-        row(ask, "inotify_pingpong"),
-        "≤ 6x",
-        time_ratio,
-        lambda r: r <= 6.0,
-        "{r:.1f}x",
-    )
-    add_ratio(
-        "python_ask_vs_file_floor",
-        "the least a Python file mailbox does for an ask (p50) vs the file ping-pong (the "
-        "bound above, on the floor)",
-        row(ask, "python_ask_floor"),
-        row(ask, "inotify_pingpong"),
-        "≤ 6x",
-        time_ratio,
-        lambda r: r <= 6.0,
-        "{r:.1f}x",
-    )
+    for key, label, figure in (  # each against the same floor and bound
+        ("ask_vs_file_floor", "ask round trip (p50) vs a file ping-pong (append + inotify) "
+         "between two Python processes", "ask_roundtrip"),
+        ("ask_no_spin_vs_file_floor", "the same with RALPH_SPIN_US=0 (no wait spins before "
+         "it sleeps, as the floor's)", "ask_no_spin"),
+        ("python_ask_vs_file_floor", "the least a Python file mailbox does for an ask (p50) "
+         "vs the file ping-pong (the bound above, on the floor)", "python_ask_floor"),
+    ):  # fmt: skip
+        add_ratio(key, label, row(ask, figure), row(ask, "inotify_pingpong"), "≤ 6x",
+                  time_ratio, lambda r: r <= 6.0, "{r:.1f}x")  # fmt: skip
     _hot_path(secs.get("hotpath"), add_ratio, time_ratio)
     trip = row(ask, "ask_roundtrip")
     for key, label, limit, extra in (
