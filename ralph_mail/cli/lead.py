@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from rich.text import Text
 
     from ralph_mail.orchestrator import Event, Plan, PlanReviewer, TeamOrchestrator
+    from ralph_mail.store.flag import Flag
 
 #: How many recent events the live table shows under it.
 _LOG_LINES = 8
@@ -44,6 +45,7 @@ class _Display:
         self.orch: TeamOrchestrator | None = None
         self.recent: deque[Event] = deque(maxlen=_LOG_LINES)
         self._live: object | None = None
+        self.asking = False  # a question waits for the person at the terminal
 
     def event(self, event: Event) -> None:
         self.recent.append(event)
@@ -101,14 +103,18 @@ class _Display:
         from rich.live import Live
 
         live = self._live
-        if not isinstance(live, Live):
-            yield
-            return
-        live.stop()
+        self.asking = True
         try:
-            yield
+            if not isinstance(live, Live):
+                yield
+                return
+            live.stop()
+            try:
+                yield
+            finally:
+                live.start(refresh=True)
         finally:
-            live.start(refresh=True)
+            self.asking = False
 
     def say(self, text: str) -> None:
         if self.json_out:
@@ -305,7 +311,8 @@ def lead(
     report task results and overdue acknowledgements.
 
     On a terminal it shows a live table of the agents; in a pipe it prints one line per
-    event (with --json, one JSON object). Ctrl-C or SIGTERM stops it cleanly (exit 0).
+    event (with --json, one JSON object). Ctrl-C or SIGTERM stops it cleanly (exit 0) once
+    what it is handling is handled; a second one, or one during a question, at once.
 
     \b
     Example:
@@ -317,21 +324,30 @@ def lead(
             check_seconds(value, option)
         check_seconds(shutdown_timeout, "--shutdown-timeout")
         check_seconds(ack_overdue, "--ack-overdue")
+        from ralph_mail.store.flag import Flag
+
         display = _Display(is_terminal(), json)
         policy = _review_policy(review, review_timeout, display)
         with open_orchestrator(home, team, policy, display.event, ack_overdue) as orch:
             display.orch = orch
-            previous = signal.signal(signal.SIGTERM, _interrupt)
+            stop = Flag()  # ends the lead's wait at once
+            stopping = _stopper(stop, display)
+            previous = {signum: signal.signal(signum, stopping) for signum in _STOP_SIGNALS}
             # A server that goes away (a network backend's) is waited for, said once.
             until = None if timeout is None else time.monotonic() + timeout
             try:
-                with display.running(), patient(until=until, say=_note):
-                    return _lead_loop(orch, display, until_done, timeout, shutdown_timeout)
+                with display.running(), patient(stop, until=until, say=_note):
+                    code = _lead_loop(orch, display, until_done, timeout, shutdown_timeout, stop)
             except KeyboardInterrupt:
+                code = EXIT_OK
+                stop.set()
+            finally:
+                for signum, handler in previous.items():
+                    signal.signal(signum, handler)
+            if stop.is_set():
                 display.say("lead stopped")
                 return EXIT_OK
-            finally:
-                signal.signal(signal.SIGTERM, previous)
+            return code
 
     command(action)
 
@@ -340,10 +356,25 @@ def _note(line: str) -> None:
     error_line(line, "note")
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    # SIGTERM stops the lead as Ctrl-C does: a message handled halfway is redelivered and
-    # its reply recognised on the next start, so stopping anywhere is safe.
-    raise KeyboardInterrupt
+#: The signals that stop the lead: Ctrl-C and SIGTERM.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _stopper(stop: Flag, display: _Display) -> Callable[[int, object], None]:
+    """The lead's handler of `_STOP_SIGNALS`: the first sets ``stop``, and the lead stops
+    once what it is handling is handled; a second one, or one while a question waits for
+    the person at the terminal, stops it at once. A message handled halfway is
+    redelivered and its reply recognised on the next start, so stopping anywhere is
+    safe; but a KeyboardInterrupt raised at any moment may land inside a class being
+    made (a module imported late, its dataclasses built by ``exec``), and CPython then
+    ends the process by SIGINT at exit even though the interrupt was caught."""
+
+    def handler(signum: int, frame: object) -> None:
+        if stop.is_set() or display.asking:
+            raise KeyboardInterrupt
+        stop.set()
+
+    return handler
 
 
 def _lead_loop(
@@ -352,16 +383,19 @@ def _lead_loop(
     until_done: bool,
     timeout: float | None,
     shutdown_timeout: float,
+    stop: Flag,
 ) -> int:
     until = (lambda o: o.all_done()) if until_done else None
-    finished = orch.run(until=until, timeout=timeout)
-    if not until_done:
+    finished = orch.run(until=until, timeout=timeout, stop=stop)
+    if not until_done or stop.is_set():
         return EXIT_OK
     if not finished:
         display.say(f"the team was not done within {timeout:g}s")
         return EXIT_NOTHING
     display.say("every teammate is done: asking them to shut down")
-    report = orch.request_shutdown(timeout=shutdown_timeout)
+    report = orch.request_shutdown(timeout=shutdown_timeout, stop=stop)
+    if stop.is_set():
+        return EXIT_OK
     display.refresh()
     words = {True: "accepted", False: "refused", None: "no answer"}
     display.say(

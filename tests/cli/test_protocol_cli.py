@@ -6,10 +6,14 @@ everything that needs another party (a lead, a teammate, a signal) runs as real 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import subprocess
 import sys
 import time
 from collections import deque
+from pathlib import Path
 
 import orjson
 import pytest
@@ -27,6 +31,7 @@ from tests.helpers.protocol_helpers import (  # noqa: F401
     inbox_messages,
     of_type,
     ralph_env,
+    readable,
 )
 
 
@@ -340,6 +345,87 @@ def test_lead_stops_cleanly_on_ctrl_c(team: Team, children: Children) -> None:
     lead.expect("worker-1 status")
     lead.popen.send_signal(signal.SIGINT)
     assert lead.finish() == 0 and "Traceback" not in lead.stderr_text()
+
+
+def _held_review(tmp_path: Path) -> tuple[str, int, int]:
+    """A ``cmd:`` review that says it started (a line in a pipe the test reads) and
+    approves once the test lets it go (a line in a second pipe): the review, the
+    descriptor to read "started" from and the one to write the go-ahead to."""
+    started, go = tmp_path / "started", tmp_path / "go"
+    os.mkfifo(started)
+    os.mkfifo(go)
+    # Opened here first (never blocking): the review's writes and reads then find them.
+    said = os.open(started, os.O_RDONLY | os.O_NONBLOCK)
+    let_go = os.open(go, os.O_RDWR)
+    review = f"cmd:echo started > '{started}'; head -n1 '{go}' >/dev/null; echo 'ship it'"
+    return review, said, let_go
+
+
+def test_a_stopped_lead_first_finishes_the_review_in_hand(
+    team: Team, children: Children, tmp_path: Path
+) -> None:
+    """SIGTERM while a plan is being reviewed: the lead answers that plan, then stops
+    (exit 0, 'lead stopped'); the stop is a flag the loop looks at, not an exception
+    raised wherever the lead happens to be."""
+    review, said, let_go = _held_review(tmp_path)
+    try:
+        lead = children.ralph(team.home, "lead", "--team", "demo", "--review", review)
+        waiter = children.ralph(
+            team.home, "plan", "submit", "1. test", "--wait", str(BOUND_S),
+            "--team", "demo", "--agent", "worker-1",
+        )  # fmt: skip
+        assert readable(said, BOUND_S)  # the review runs
+        lead.popen.send_signal(signal.SIGTERM)
+        os.write(let_go, b"go\n")
+        assert waiter.finish() == 0 and waiter.output == "ship it"
+        assert lead.finish() == 0
+        assert lead.expect("lead stopped") and "Traceback" not in lead.stderr_text()
+    finally:
+        os.close(said)
+        os.close(let_go)
+
+
+def test_a_second_signal_stops_the_lead_at_once(
+    team: Team, children: Children, tmp_path: Path
+) -> None:
+    """A second SIGTERM stops the lead in the middle of a review (exit 0): the plan stays
+    unanswered, to be reviewed on the lead's next start."""
+    review, said, let_go = _held_review(tmp_path)
+    try:
+        lead = children.ralph(team.home, "lead", "--team", "demo", "--review", review)
+        waiter = children.ralph(
+            team.home, "plan", "submit", "1. test", "--wait", str(BOUND_S),
+            "--team", "demo", "--agent", "worker-1",
+        )  # fmt: skip
+        assert readable(said, BOUND_S)  # the review runs, and is never let go
+        deadline = time.monotonic() + BOUND_S
+        while lead.popen.poll() is None and time.monotonic() < deadline:
+            lead.popen.send_signal(signal.SIGTERM)  # (signals sent at once may merge)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                lead.popen.wait(timeout=0.2)
+        assert lead.finish() == 0 and "Traceback" not in lead.stderr_text()
+        assert waiter.popen.poll() is None  # still waiting: no answer to the plan
+    finally:
+        os.close(said)
+        os.close(let_go)
+
+
+def test_the_lead_stopper_sets_its_flag_first_and_raises_after() -> None:
+    """The lead's signal handler: the first signal sets the stop flag and returns; a
+    second raises KeyboardInterrupt, as does the first while a question waits."""
+    from ralph_mail.cli.lead import _Display, _stopper
+    from ralph_mail.store.flag import Flag
+
+    display, stop = _Display(live=False, json_out=False), Flag()
+    handler = _stopper(stop, display)
+    handler(signal.SIGTERM, None)
+    assert stop.is_set()
+    with pytest.raises(KeyboardInterrupt):
+        handler(signal.SIGTERM, None)
+    asking, stop = _Display(live=False, json_out=False), Flag()
+    asking.asking = True
+    with pytest.raises(KeyboardInterrupt):
+        _stopper(stop, asking)(signal.SIGINT, None)
 
 
 def test_lead_json_prints_one_event_object_per_line(team: Team, children: Children) -> None:

@@ -253,9 +253,11 @@ class Terminal:
         os.write(self.master, text.encode())
 
     def finish(self, timeout: float = BOUND_S) -> int:
-        """Wait for the exit, keeping what it printed; return the exit code."""
-        code = self.popen.wait(timeout=timeout)
-        while self._read(0.2):
+        """Wait for the exit, keeping all it printed (read until the terminal's other
+        end is closed, then reaped); return the exit code."""
+        deadline = time.monotonic() + timeout
+        while self._read(max(0.0, deadline - time.monotonic())):
             pass
+        code = self.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
         os.close(self.master)
         return code
