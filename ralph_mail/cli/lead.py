@@ -8,7 +8,6 @@ the person at the terminal.
 
 from __future__ import annotations
 
-import signal
 import sys
 import time
 from collections import deque
@@ -22,6 +21,7 @@ from ralph_mail.cli.app import Home, JsonRecords, TeamName, app, command
 from ralph_mail.cli.command import Option
 from ralph_mail.cli.protocol import check_seconds, open_orchestrator, report_code
 from ralph_mail.cli.render import console, is_terminal, print_json_lines, safe
+from ralph_mail.cli.stopping import stopped_by_signals
 from ralph_mail.errors import MailError
 from ralph_mail.store.outage import patient
 
@@ -324,26 +324,21 @@ def lead(
             check_seconds(value, option)
         check_seconds(shutdown_timeout, "--shutdown-timeout")
         check_seconds(ack_overdue, "--ack-overdue")
-        from ralph_mail.store.flag import Flag
-
         display = _Display(is_terminal(), json)
         policy = _review_policy(review, review_timeout, display)
-        with open_orchestrator(home, team, policy, display.event, ack_overdue) as orch:
+        with (
+            open_orchestrator(home, team, policy, display.event, ack_overdue) as orch,
+            stopped_by_signals(lambda: display.asking) as stop,
+        ):
             display.orch = orch
-            stop = Flag()  # ends the lead's wait at once
-            stopping = _stopper(stop, display)
-            previous = {signum: signal.signal(signum, stopping) for signum in _STOP_SIGNALS}
             # A server that goes away (a network backend's) is waited for, said once.
             until = None if timeout is None else time.monotonic() + timeout
+            code = EXIT_OK
             try:
                 with display.running(), patient(stop, until=until, say=_note):
                     code = _lead_loop(orch, display, until_done, timeout, shutdown_timeout, stop)
-            except KeyboardInterrupt:
-                code = EXIT_OK
+            except KeyboardInterrupt:  # (a message handled halfway comes again next time)
                 stop.set()
-            finally:
-                for signum, handler in previous.items():
-                    signal.signal(signum, handler)
             if stop.is_set():
                 display.say("lead stopped")
                 return EXIT_OK
@@ -354,27 +349,6 @@ def lead(
 
 def _note(line: str) -> None:
     error_line(line, "note")
-
-
-#: The signals that stop the lead: Ctrl-C and SIGTERM.
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-def _stopper(stop: Flag, display: _Display) -> Callable[[int, object], None]:
-    """The lead's handler of `_STOP_SIGNALS`: the first sets ``stop``, and the lead stops
-    once what it is handling is handled; a second one, or one while a question waits for
-    the person at the terminal, stops it at once. A message handled halfway is
-    redelivered and its reply recognised on the next start, so stopping anywhere is
-    safe; but a KeyboardInterrupt raised at any moment may land inside a class being
-    made (a module imported late, its dataclasses built by ``exec``), and CPython then
-    ends the process by SIGINT at exit even though the interrupt was caught."""
-
-    def handler(signum: int, frame: object) -> None:
-        if stop.is_set() or display.asking:
-            raise KeyboardInterrupt
-        stop.set()
-
-    return handler
 
 
 def _lead_loop(

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import signal
 from typing import Annotated
 
 from ralph_mail.cli import error_line
 from ralph_mail.cli.app import Agent, Home, TeamName, app, command, identity
 from ralph_mail.cli.command import Argument, Option
+from ralph_mail.cli.stopping import stopped_by_signals
 
 
 @app.command("run")
@@ -40,7 +40,7 @@ def run(
     once, with the conversation on its stdin; its stdout is the reply, the task's result or
     the answer in the channel (a non-zero exit or a timeout sends the error; a mention's
     turn passes). One line per job on stderr. Ctrl-C or SIGTERM: finish running jobs,
-    go offline, exit 0.
+    go offline, exit 0; a second one stops at once (exit 130).
 
     \b
     Example:
@@ -50,26 +50,19 @@ def run(
 
     def action() -> int:
         from ralph_mail.runner import Runner
-        from ralph_mail.store.flag import Flag
 
         who = identity(home, team, agent)
-        stop = Flag()  # ends the runner's wait at once (a threading.Event is looked at)
-        previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        try:
-            with Runner(who.need_team(), who.need_agent(), argv or [], home, jobs=jobs,
-                        timeout=timeout, history=history, format=format) as runner:  # fmt: skip
+        with (
+            stopped_by_signals() as stop,
+            Runner(who.need_team(), who.need_agent(), argv or [], home, jobs=jobs,
+                   timeout=timeout, history=history, format=format) as runner,
+        ):  # fmt: skip
 
-                def ready() -> None:
-                    error_line(f"{runner.bus.agent} answers with {argv[0]} (jobs {jobs}, "
-                               f"timeout {timeout:g} s); Ctrl-C stops", "note")  # fmt: skip
+            def ready() -> None:
+                error_line(f"{runner.bus.agent} answers with {argv[0]} (jobs {jobs}, "
+                           f"timeout {timeout:g} s); Ctrl-C stops", "note")  # fmt: skip
 
-                try:
-                    runner.serve(stop, ready)
-                except KeyboardInterrupt:
-                    stop.set()
-                    runner.serve(stop)  # lets running jobs finish, then returns
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+            runner.serve(stop, ready)  # once stopped, running jobs finish, then it returns
         return 0
 
     command(action)

@@ -410,22 +410,22 @@ def test_a_second_signal_stops_the_lead_at_once(
         os.close(let_go)
 
 
-def test_the_lead_stopper_sets_its_flag_first_and_raises_after() -> None:
-    """The lead's signal handler: the first signal sets the stop flag and returns; a
-    second raises KeyboardInterrupt, as does the first while a question waits."""
-    from ralph_mail.cli.lead import _Display, _stopper
-    from ralph_mail.store.flag import Flag
+def test_a_stop_signal_sets_the_flag_first_and_raises_after() -> None:
+    """`stopped_by_signals`: the first Ctrl-C or SIGTERM sets the flag and returns; a
+    second raises KeyboardInterrupt, as does the first while ``now()`` is true; the
+    handlers there were come back after the block."""
+    from ralph_mail.cli.stopping import stopped_by_signals
 
-    display, stop = _Display(live=False, json_out=False), Flag()
-    handler = _stopper(stop, display)
-    handler(signal.SIGTERM, None)
-    assert stop.is_set()
-    with pytest.raises(KeyboardInterrupt):
-        handler(signal.SIGTERM, None)
-    asking, stop = _Display(live=False, json_out=False), Flag()
-    asking.asking = True
-    with pytest.raises(KeyboardInterrupt):
-        _stopper(stop, asking)(signal.SIGINT, None)
+    before = signal.getsignal(signal.SIGTERM)
+    with stopped_by_signals() as stop:
+        signal.raise_signal(signal.SIGTERM)
+        assert stop.is_set()
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGTERM) is before
+    with stopped_by_signals(lambda: True) as stop, pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)
+    assert not stop.is_set()
 
 
 def test_lead_json_prints_one_event_object_per_line(team: Team, children: Children) -> None:

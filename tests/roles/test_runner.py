@@ -23,6 +23,7 @@ from tests.helpers.processes import (
     runner,
     wait_until,
 )
+from tests.helpers.protocol_helpers import readable
 
 #: A child that answers with what it was told: its stdin's last line and its environment.
 ECHO = 'echo "$RALPH_PATTERN from $RALPH_FROM ($RALPH_CHAIN): $(tail -n 1)"'
@@ -129,6 +130,76 @@ def test_a_runner_killed_mid_run_answers_once_when_started_again(
     finally:  # the killed runner's child outlives it (its own session): end it here
         with contextlib.suppress(ProcessLookupError):
             os.killpg(os.getpgid(orphan), signal.SIGKILL)
+
+
+def _held_job(tmp_path: Path) -> tuple[str, int, int]:
+    """A job that says it started (a line in a pipe the test reads) and answers once the
+    test lets it go (a line in a second pipe): the script, the descriptor to read
+    "started" from and the one to write the go-ahead to."""
+    started, go = tmp_path / "started", tmp_path / "go"
+    os.mkfifo(started)
+    os.mkfifo(go)
+    said = os.open(started, os.O_RDONLY | os.O_NONBLOCK)  # (opened first: never blocks)
+    let_go = os.open(go, os.O_RDWR)
+    return f"echo started > '{started}'; head -n1 '{go}' >/dev/null; echo answered", said, let_go
+
+
+def _asking(procs: Processes, home: Path) -> subprocess.Popen[bytes]:
+    asker = subprocess.Popen(
+        [sys.executable, "-m", "ralph_mail", "ask", "worker-1", "now?", "--timeout", "60",
+         "--team", "demo", "--agent", "lead"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(home),
+    )  # fmt: skip
+    procs.started.append(asker)
+    return asker
+
+
+def test_ctrl_c_lets_the_running_job_answer_then_stops(
+    team: Team, procs: Processes, tmp_path: Path
+) -> None:
+    """Ctrl-C while a job runs: the job's answer is still sent, then the runner exits 0
+    (the interrupt is a flag its loop looks at, not an exception raised mid-job)."""
+    script, said, let_go = _held_job(tmp_path)
+    try:
+        child = runner(procs, team.home, "worker-1", script)
+        asker = _asking(procs, team.home)
+        assert readable(said, BOUND_S)  # the job runs
+        child.send_signal(signal.SIGINT)
+        os.write(let_go, b"go\n")
+        out, err = asker.communicate(timeout=BOUND_S)
+        assert asker.returncode == 0 and out == b"answered\n", err
+        assert child.wait(timeout=BOUND_S) == 0
+    finally:
+        os.close(said)
+        os.close(let_go)
+
+
+def test_a_second_ctrl_c_stops_the_runner_at_once(
+    team: Team, procs: Processes, tmp_path: Path
+) -> None:
+    """A second Ctrl-C stops the runner with its job still running (exit 130): the
+    request is not consumed, and the runner started again answers it."""
+    script, said, let_go = _held_job(tmp_path)
+    try:
+        child = runner(procs, team.home, "worker-1", script)
+        asker = _asking(procs, team.home)
+        assert readable(said, BOUND_S)  # the job runs, and is not let go yet
+        deadline = time.monotonic() + BOUND_S
+        while child.poll() is None and time.monotonic() < deadline:
+            child.send_signal(signal.SIGINT)  # (signals sent at once may merge)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=0.2)
+        assert child.wait(timeout=BOUND_S) == 130 and asker.poll() is None
+        os.read(said, 64)
+        os.write(let_go, b"go\n")  # the first job ends; its answer has nobody to send it
+        runner(procs, team.home, "worker-1", script)
+        assert readable(said, BOUND_S)  # the new runner's job runs
+        os.write(let_go, b"go\n")
+        out, err = asker.communicate(timeout=BOUND_S)
+        assert asker.returncode == 0 and out == b"answered\n", err
+    finally:
+        os.close(said)
+        os.close(let_go)
 
 
 def test_a_flooding_or_garbled_child_gives_one_bounded_message(
