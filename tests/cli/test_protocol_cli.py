@@ -22,8 +22,10 @@ from ralph_mail import Message, MessageBus, MessageType, Team
 from ralph_mail.cli import main
 from ralph_mail.cli.lead import prompt_reviewer
 from ralph_mail.orchestrator import Plan
+from tests.helpers.processes import held_job
 from tests.helpers.protocol_helpers import (  # noqa: F401
     BOUND_S,
+    Child,
     Children,
     Terminal,
     children_fixture,
@@ -347,18 +349,14 @@ def test_lead_stops_cleanly_on_ctrl_c(team: Team, children: Children) -> None:
     assert lead.finish() == 0 and "Traceback" not in lead.stderr_text()
 
 
-def _held_review(tmp_path: Path) -> tuple[str, int, int]:
-    """A ``cmd:`` review that says it started (a line in a pipe the test reads) and
-    approves once the test lets it go (a line in a second pipe): the review, the
-    descriptor to read "started" from and the one to write the go-ahead to."""
-    started, go = tmp_path / "started", tmp_path / "go"
-    os.mkfifo(started)
-    os.mkfifo(go)
-    # Opened here first (never blocking): the review's writes and reads then find them.
-    said = os.open(started, os.O_RDONLY | os.O_NONBLOCK)
-    let_go = os.open(go, os.O_RDWR)
-    review = f"cmd:echo started > '{started}'; head -n1 '{go}' >/dev/null; echo 'ship it'"
-    return review, said, let_go
+def _reviewing(team: Team, children: Children, review: str) -> tuple[Child, Child]:
+    """A lead reviewing with ``review``, and worker-1 waiting for its plan's answer."""
+    lead = children.ralph(team.home, "lead", "--team", "demo", "--review", review)
+    waiter = children.ralph(
+        team.home, "plan", "submit", "1. test", "--wait", str(BOUND_S),
+        "--team", "demo", "--agent", "worker-1",
+    )  # fmt: skip
+    return lead, waiter
 
 
 def test_a_stopped_lead_first_finishes_the_review_in_hand(
@@ -367,13 +365,9 @@ def test_a_stopped_lead_first_finishes_the_review_in_hand(
     """SIGTERM while a plan is being reviewed: the lead answers that plan, then stops
     (exit 0, 'lead stopped'); the stop is a flag the loop looks at, not an exception
     raised wherever the lead happens to be."""
-    review, said, let_go = _held_review(tmp_path)
+    review, said, let_go = held_job(tmp_path, "ship it")
     try:
-        lead = children.ralph(team.home, "lead", "--team", "demo", "--review", review)
-        waiter = children.ralph(
-            team.home, "plan", "submit", "1. test", "--wait", str(BOUND_S),
-            "--team", "demo", "--agent", "worker-1",
-        )  # fmt: skip
+        lead, waiter = _reviewing(team, children, f"cmd:{review}")
         assert readable(said, BOUND_S)  # the review runs
         lead.popen.send_signal(signal.SIGTERM)
         os.write(let_go, b"go\n")
@@ -390,13 +384,9 @@ def test_a_second_signal_stops_the_lead_at_once(
 ) -> None:
     """A second SIGTERM stops the lead in the middle of a review (exit 0): the plan stays
     unanswered, to be reviewed on the lead's next start."""
-    review, said, let_go = _held_review(tmp_path)
+    review, said, let_go = held_job(tmp_path, "ship it")
     try:
-        lead = children.ralph(team.home, "lead", "--team", "demo", "--review", review)
-        waiter = children.ralph(
-            team.home, "plan", "submit", "1. test", "--wait", str(BOUND_S),
-            "--team", "demo", "--agent", "worker-1",
-        )  # fmt: skip
+        lead, waiter = _reviewing(team, children, f"cmd:{review}")
         assert readable(said, BOUND_S)  # the review runs, and is never let go
         deadline = time.monotonic() + BOUND_S
         while lead.popen.poll() is None and time.monotonic() < deadline:

@@ -138,3 +138,18 @@ def on_terminal(home: Path, *args: str) -> bytes:
         os.close(master)
         proc.wait(timeout=BOUND_S)
     return out
+
+
+def held_job(where: Path, answer: str) -> tuple[str, int, int]:
+    """A shell script that says it started (a line in a pipe the test reads), then
+    prints ``answer`` once the test lets it go (a line in a second pipe): the script, the
+    descriptor to read "started" from and the one to write the go-ahead to (both the
+    test's to close). No clock: the test knows the job runs, and decides when it ends."""
+    started, go = where / "started", where / "go"
+    os.mkfifo(started)
+    os.mkfifo(go)
+    # Opened here first, never blocking: the script's writes and reads then find them.
+    said = os.open(started, os.O_RDONLY | os.O_NONBLOCK)
+    let_go = os.open(go, os.O_RDWR)
+    script = f"echo started > '{started}'; head -n1 '{go}' >/dev/null; echo '{answer}'"
+    return script, said, let_go

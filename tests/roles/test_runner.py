@@ -19,6 +19,7 @@ from tests.helpers.processes import (
     ask,
     cli_env,
     gone,
+    held_job,
     ralph,
     runner,
     wait_until,
@@ -132,18 +133,6 @@ def test_a_runner_killed_mid_run_answers_once_when_started_again(
             os.killpg(os.getpgid(orphan), signal.SIGKILL)
 
 
-def _held_job(tmp_path: Path) -> tuple[str, int, int]:
-    """A job that says it started (a line in a pipe the test reads) and answers once the
-    test lets it go (a line in a second pipe): the script, the descriptor to read
-    "started" from and the one to write the go-ahead to."""
-    started, go = tmp_path / "started", tmp_path / "go"
-    os.mkfifo(started)
-    os.mkfifo(go)
-    said = os.open(started, os.O_RDONLY | os.O_NONBLOCK)  # (opened first: never blocks)
-    let_go = os.open(go, os.O_RDWR)
-    return f"echo started > '{started}'; head -n1 '{go}' >/dev/null; echo answered", said, let_go
-
-
 def _asking(procs: Processes, home: Path) -> subprocess.Popen[bytes]:
     asker = subprocess.Popen(
         [sys.executable, "-m", "ralph_mail", "ask", "worker-1", "now?", "--timeout", "60",
@@ -159,7 +148,7 @@ def test_ctrl_c_lets_the_running_job_answer_then_stops(
 ) -> None:
     """Ctrl-C while a job runs: the job's answer is still sent, then the runner exits 0
     (the interrupt is a flag its loop looks at, not an exception raised mid-job)."""
-    script, said, let_go = _held_job(tmp_path)
+    script, said, let_go = held_job(tmp_path, "answered")
     try:
         child = runner(procs, team.home, "worker-1", script)
         asker = _asking(procs, team.home)
@@ -179,7 +168,7 @@ def test_a_second_ctrl_c_stops_the_runner_at_once(
 ) -> None:
     """A second Ctrl-C stops the runner with its job still running (exit 130): the
     request is not consumed, and the runner started again answers it."""
-    script, said, let_go = _held_job(tmp_path)
+    script, said, let_go = held_job(tmp_path, "answered")
     try:
         child = runner(procs, team.home, "worker-1", script)
         asker = _asking(procs, team.home)
