@@ -25,7 +25,7 @@ from ralph_mail.errors import (
     MailError,
     UnknownAgent,
 )
-from ralph_mail.mailbox.consuming import Consuming
+from ralph_mail.mailbox.consuming import UNKNOWN_END, Consuming
 from ralph_mail.message import (
     BROADCAST_ADDRESS,
     TS_PLACEHOLDER,
@@ -137,6 +137,9 @@ class Mailbox(Consuming):
         #: another thread (an MCP server's check_inbox) leaves their replies to them.
         self.asking: set[str] = set()
         self._received: dict[str, Message] = {}  # requests read lately, by id (`received`)
+        self._unseen_from = UNKNOWN_END  # (no claim yet)
+        self._fresh: set[str] = set()
+        self._answered: dict[str, None] = {}
         self._touched = -_TOUCH_EVERY_S  # when this mailbox last noted its agent as active
         self._myself: tuple[Team, Member] | None = None
         #: The agents the request this process handles passed through (``RALPH_CHAIN``):

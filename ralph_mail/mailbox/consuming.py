@@ -30,6 +30,10 @@ _T = TypeVar("_T")
 
 #: How many of the requests read lately a mailbox remembers (`Consuming.received`).
 _RECEIVED_KEPT = 64
+#: How many ids of the requests it answered a mailbox remembers (`Consuming.unanswered`).
+_ANSWERED_KEPT = 4096
+#: `Consuming._unseen_from` before a read after the claim reached the inbox's end.
+UNKNOWN_END = 1 << 62
 #: Above this many lines a read runs with the cyclic GC paused: it is 3.5x faster on big
 #: backlogs, where the GC would otherwise rescan every new message (MEASUREMENTS.md §4).
 _GC_PAUSE_LINES = 2000
@@ -65,6 +69,9 @@ class Consuming:
     _ask_local: threading.local
     _ask_waiters: list[tuple[threading.Thread, Waiter]]
     _received: dict[str, Message]
+    _unseen_from: int  # where my inbox ended after this mailbox claimed it (or UNKNOWN_END)
+    _fresh: set[str]  # requests read lately that came after the claim (`unanswered`)
+    _answered: dict[str, None]  # the last requests this mailbox answered, oldest first
 
     if TYPE_CHECKING:  # given by `Mailbox`
 
@@ -80,6 +87,11 @@ class Consuming:
         if self._cursor is None:
             self._store.claim(self.agent)  # one consumer per inbox: InboxBusy otherwise
             self._cursor = self._store.load_cursor(self.agent)
+            # Where the inbox ends is learnt by the first read that reaches it: what
+            # comes after that, no consumer before this one saw (`unanswered`). What was
+            # read before a claim taken again (after an error, a lost claim) may have been.
+            self._unseen_from = UNKNOWN_END
+            self._fresh.clear()
             self._scanned = self._cursor.floor
             self._pending = deque()
         return self._cursor
@@ -111,6 +123,8 @@ class Consuming:
                 if offset < self._scanned:
                     cursor = self._restart(offset)
                 if not data:
+                    if self._unseen_from == UNKNOWN_END:  # the end, read after the claim
+                        self._unseen_from = self._scanned
                     return self._pending
                 before = len(self._pending)
                 self._take_lines(cursor, data, offset, starts)
@@ -142,7 +156,7 @@ class Consuming:
         try:
             messages, clean = decode_lines(lines)
             clean = self._trust(messages, may_be_signed(data)) and clean
-            self._note_requests(messages)
+            self._note_requests(messages, unseen=offset >= self._unseen_from)
             if clean and not cursor.acked and not starts:
                 self._pending.extend(zip(repeat(-1), messages))  # type: ignore[arg-type]
                 self._scanned = offset + len(data)
@@ -164,18 +178,38 @@ class Consuming:
             if paused:
                 gc.enable()
 
-    def _note_requests(self, messages: list[Message | str]) -> None:
-        """Remember the last requests read from my inbox (`received`)."""
+    def _note_requests(self, messages: list[Message | str], unseen: bool) -> None:
+        """Remember the last requests read from my inbox (`received`); ``unseen``: they
+        came after this mailbox claimed it (`unanswered`)."""
         for message in messages:
             if isinstance(message, Message) and message.type == MessageType.REQUEST:
                 if len(self._received) >= _RECEIVED_KEPT:
                     self._received.clear()
+                    self._fresh.clear()
                 self._received[message.id] = message
+                if unseen and message.id not in self._answered:
+                    self._fresh.add(message.id)
+                else:
+                    self._fresh.discard(message.id)
 
     def received(self, message: Message) -> bool:
         """Whether ``message`` is a request this mailbox read from my inbox lately (as
         read, every field: one made up by a caller is not)."""
         return self._received.get(message.id) == message
+
+    def unanswered(self, message: Message) -> bool:
+        """Whether ``message`` is a request `received` that nobody can have answered as
+        me: it came to my inbox after this mailbox claimed it (so no consumer before saw
+        it: one consumer per inbox), and this mailbox answered no request of its id (of
+        the last `_ANSWERED_KEPT`: the same id sent again, a retry, is looked up)."""
+        return message.id in self._fresh and self.received(message)
+
+    def answered(self, message: Message) -> None:
+        """Note that this mailbox answered the request ``message``."""
+        self._fresh.discard(message.id)
+        self._answered[message.id] = None
+        if len(self._answered) > _ANSWERED_KEPT:
+            del self._answered[next(iter(self._answered))]
 
     def _set_aside(self, start: int, line: bytes, reason: str) -> None:
         try:

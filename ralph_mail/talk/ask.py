@@ -113,19 +113,28 @@ def reply(
             mine = earlier.from_agent == box.agent and earlier.reply_to == message.id
             if mine and earlier.type == MessageType.REPLY:
                 return earlier
-    return box._send(message.from_agent, MessageType.REPLY, content, metadata, message.id,
+    sent = box._send(message.from_agent, MessageType.REPLY, content, metadata, message.id,
                      None, message.thread, priority, ack, visibility,
                      in_thread=in_thread)  # fmt: skip
+    if message.type == MessageType.REQUEST:
+        box.answered(message)
+    return sent
 
 
 def _thread_of_request(box: Mailbox, request: Message) -> list[Message]:
     """The thread of ``request`` as its reply needs it: to find an earlier reply of mine,
     for the Gate to see what it answers and for the loop guard.
 
-    A request this mailbox read just now, alone in its thread (one entry, in my inbox,
-    or none yet: its sender notes it just after its append), is its whole thread: no
-    line needs reading. Anything more, and the thread is read."""
+    A request that starts its thread and that nobody can have answered as me (it came
+    after this mailbox claimed my inbox, and this mailbox did not answer it:
+    `unanswered`) is its whole thread as far as my reply goes: nothing is looked up (on
+    a network store, a round trip saved). A request this mailbox read just now, alone in
+    its thread (one entry, in my inbox, or none yet: its sender notes it just after its
+    append), is its whole thread too, once the thread's index says so. Anything more,
+    and the thread is read."""
     key = f"thread+{request.thread}"
+    if request.thread == request.id and box.unanswered(request):
+        return [request]
     if box.received(request):
         entries = box.store.index_tail(key, 2)
         if len(entries) <= 1 and all(inbox == box.agent for inbox, _, _ in entries):
