@@ -28,6 +28,14 @@ except ValueError:  # not the main thread (a test importing this): nothing to ho
 
 from collections.abc import Callable, Sequence  # noqa: E402
 
+
+def hold_interrupts() -> None:
+    """Hold Ctrl-C again, as from this module's import until `main` runs the command: a
+    warm server's worker calls it before its client may pass one on, and `main` then
+    exits 130, as the command would have without the server."""
+    signal.signal(signal.SIGINT, lambda signum, frame: _held.append(signum))
+
+
 #: Exit codes (contract): done; nothing came; bad input or usage; the answer was no;
 #: refused by the team's rules (depth, loop guard, offline target, policy).
 EXIT_OK = 0

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 
+from ralph_mail.cli import hold_interrupts
 from ralph_mail.cli.relay import (
     ACCEPTED,
     REFUSED,
@@ -437,6 +438,9 @@ def _work(conn: socket.socket, server: _Server, uid: int) -> None:
             os._exit(0)
         argv = [str(arg) for arg in request["argv"]]
         _become(request, fds)
+        # The client passes Ctrl-C on once it has my pid: until the command runs, it
+        # is held (a KeyboardInterrupt here would end me with no exit code to answer).
+        hold_interrupts()
         conn.sendall(ACCEPTED + os.getpid().to_bytes(4, "big"))
     except OSError as exc:
         _log(f"a client's request failed: {exc!r}")
