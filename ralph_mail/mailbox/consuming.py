@@ -31,7 +31,7 @@ _T = TypeVar("_T")
 #: How many of the requests read lately a mailbox remembers (`Consuming.received`).
 _RECEIVED_KEPT = 64
 #: How many ids of the requests it answered a mailbox remembers (`Consuming.unanswered`).
-_ANSWERED_KEPT = 4096
+_ANSWERED_KEPT = 1024
 #: `Consuming._unseen_from` before a read after the claim reached the inbox's end.
 UNKNOWN_END = 1 << 62
 #: Above this many lines a read runs with the cyclic GC paused: it is 3.5x faster on big
@@ -200,8 +200,10 @@ class Consuming:
     def unanswered(self, message: Message) -> bool:
         """Whether ``message`` is a request `received` that nobody can have answered as
         me: it came to my inbox after this mailbox claimed it (so no consumer before saw
-        it: one consumer per inbox), and this mailbox answered no request of its id (of
-        the last `_ANSWERED_KEPT`: the same id sent again, a retry, is looked up)."""
+        it: one consumer per inbox), and this mailbox answered no request of its id
+        among its last `_ANSWERED_KEPT` answers (the same id sent again, a sender's
+        retry, is looked up; one that came back after that many other answers would
+        be answered again)."""
         return message.id in self._fresh and self.received(message)
 
     def answered(self, message: Message) -> None:
@@ -209,7 +211,8 @@ class Consuming:
         self._fresh.discard(message.id)
         self._answered[message.id] = None
         if len(self._answered) > _ANSWERED_KEPT:
-            del self._answered[next(iter(self._answered))]
+            with contextlib.suppress(RuntimeError, StopIteration):  # (another thread's)
+                self._answered.pop(next(iter(self._answered)), None)
 
     def _set_aside(self, start: int, line: bytes, reason: str) -> None:
         try:
