@@ -424,8 +424,9 @@ def test_a_stream_the_server_is_still_removing_is_made_once_it_is_gone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """JetStream's 'error creating store for stream' (a team deleted and made again at
-    once) is tried again until it passes; any other error, or one that lasts past the
-    bound, is raised."""
+    once) is tried again until it passes, and so is a write that no server answers for
+    (a stream just made in a cluster, its leader being elected); any other error, or
+    one that lasts past its bound, is raised."""
     import asyncio
 
     from nats.js.errors import ServerError
@@ -454,3 +455,24 @@ def test_a_stream_the_server_is_still_removing_is_made_once_it_is_gone(
 
     with pytest.raises(ServerError):
         asyncio.run(backend._made(always))
+
+    # A write into a stream just made in a cluster, whose leader is being elected: no
+    # server answers for it (nothing was stored), tried again until one does.
+    from nats.js.errors import NoStreamResponseError
+
+    calls.clear()
+
+    async def no_leader_twice() -> str:
+        calls.append(1)
+        if len(calls) <= 2:
+            raise NoStreamResponseError
+        return "stored"
+
+    assert asyncio.run(backend._made(no_leader_twice)) == "stored" and len(calls) == 3
+    monkeypatch.setattr(backend, "_NO_LEADER_S", 0.05)
+
+    async def no_leader() -> str:
+        raise NoStreamResponseError
+
+    with pytest.raises(NoStreamResponseError):
+        asyncio.run(backend._made(no_leader))

@@ -28,22 +28,30 @@ _T = TypeVar("_T")
 _STORE_BUSY: Final = 10049
 #: How long a stream or bucket is tried again while the server says so (s).
 _STORE_BUSY_S: Final = 3.0
+#: How long a write into a stream or bucket just made is tried again while no server
+#: answers for it (s): in a cluster, its leader is being elected (under load, seconds).
+_NO_LEADER_S: Final = 15.0
 
 
 async def _made(make: Callable[[], Awaitable[_T]]) -> _T:
-    """``make()`` (a stream or a bucket created), tried again while the server is still
-    removing one of the same name, for up to `_STORE_BUSY_S`."""
+    """``make()`` (a stream or a bucket created, or a first write into one), tried again
+    while the server is still removing one of the same name, for up to `_STORE_BUSY_S`,
+    and while nothing answers for it (a stream that has no leader yet: the write was
+    not stored), for up to `_NO_LEADER_S`."""
     import asyncio  # here: a one-off command imports neither it nor nats-py
 
-    from nats.js.errors import ServerError
+    from nats.js.errors import NoStreamResponseError, ServerError
 
     loop = asyncio.get_running_loop()
-    give_up = loop.time() + _STORE_BUSY_S
+    start = loop.time()
     while True:
         try:
             return await make()
         except ServerError as exc:
-            if exc.err_code != _STORE_BUSY or loop.time() >= give_up:
+            if exc.err_code != _STORE_BUSY or loop.time() >= start + _STORE_BUSY_S:
+                raise
+        except NoStreamResponseError:
+            if loop.time() >= start + _NO_LEADER_S:
                 raise
         await asyncio.sleep(0.02)
 
@@ -94,12 +102,12 @@ class NatsBackend:
         async def create(link: Loop) -> None:
             teams = await _teams(link, copies)
             try:
-                await teams.create(hexed(name), name.encode())
+                await _made(lambda: teams.create(hexed(name), name.encode()))
             except KeyWrongLastSequenceError:  # there, or a team deleted a moment ago
                 try:
                     await teams.get(hexed(name))
                 except NotFoundError:  # deleted (or purged): its name is free again
-                    await teams.put(hexed(name), name.encode())
+                    await _made(lambda: teams.put(hexed(name), name.encode()))
                 else:
                     raise FileExistsError(name) from None
             config = StreamConfig(name=stream, subjects=[f"{prefix_of(name)}.>"],
@@ -108,7 +116,7 @@ class NatsBackend:
             await _made(lambda: link.js.add_stream(config))
             kv = await _made(lambda: link.js.create_key_value(bucket=stream, history=1,
                                                               replicas=copies))  # fmt: skip
-            await kv.put("roster", roster)
+            await _made(lambda: kv.put("roster", roster))
 
         self._admin(create)
 
