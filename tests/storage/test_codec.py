@@ -267,7 +267,7 @@ def test_ctrl_c_during_orjsons_import_waits_for_the_import() -> None:
         "except KeyboardInterrupt:\n"
         "    print('interrupted', 'orjson' in sys.modules, flush=True)\n"
         "    import orjson; print(orjson.dumps(1).decode(), flush=True)\n"
-        "else:\n    print('done', flush=True)\n"
+        "else:\n    sys.stdout.write('done\\n'); sys.stdout.flush()\n"  # (print writes twice)
     )
     rng = random.Random(8)
     seen = []
