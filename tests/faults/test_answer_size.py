@@ -10,9 +10,9 @@ import signal
 import orjson
 import pytest
 
-from ralph_mail import MessageBus, Team, settings
+from ralph_mail import Message, MessageBus, Team, settings
 from ralph_mail.message import fit_text
-from tests.helpers.processes import BOUND_S, Processes, ask, ralph, runner
+from tests.helpers.processes import BOUND_S, Processes, ask, ralph, runner, wait_until
 
 #: 1,040,000 quotes: under the 1 MiB limit raw, about 2 MiB as a JSON string.
 QUOTES = "head -c 1040000 /dev/zero | tr '\\0' '\"'"
@@ -77,7 +77,12 @@ def test_a_channel_answer_over_the_limit_once_encoded_is_cut(
         lead.channel_post("quotes", "@worker-1 quote it all")
         again = ask(team.home, "worker-1", "still there?")
         assert again.returncode == 0 and again.stdout == b"short\n", again.stderr
-        posts = [m for m in lead.channel_history("quotes") if m.from_agent == "worker-1"]
+
+        def posted() -> list[Message]:  # (the runner runs both at once: either ends first)
+            return [m for m in lead.channel_history("quotes") if m.from_agent == "worker-1"]
+
+        wait_until(posted, "the mention's answer in the channel")
+        posts = posted()
     assert len(posts) == 1 and posts[0].content.startswith('""""')
     assert "[output cut at " in posts[0].content
     assert child.poll() is None
