@@ -21,8 +21,14 @@ import sys
 # may import it early), and a half-imported module would dump a Python error report.
 # Set before anything else is imported.
 _held: list[int] = []
+
+
+def _hold(signum: int, frame: object) -> None:
+    _held.append(signum)
+
+
 try:
-    _previous = signal.signal(signal.SIGINT, lambda signum, frame: _held.append(signum))
+    _previous = signal.signal(signal.SIGINT, _hold)
 except ValueError:  # not the main thread (a test importing this): nothing to hold
     _previous = None
 
@@ -33,7 +39,7 @@ def hold_interrupts() -> None:
     """Hold Ctrl-C again, as from this module's import until `main` runs the command: a
     warm server's worker calls it before its client may pass one on, and `main` then
     exits 130, as the command would have without the server."""
-    signal.signal(signal.SIGINT, lambda signum, frame: _held.append(signum))
+    signal.signal(signal.SIGINT, _hold)
 
 
 #: Exit codes (contract): done; nothing came; bad input or usage; the answer was no;

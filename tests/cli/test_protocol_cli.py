@@ -6,10 +6,8 @@ everything that needs another party (a lead, a teammate, a signal) runs as real 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections import deque
@@ -22,7 +20,7 @@ from ralph_mail import Message, MessageBus, MessageType, Team
 from ralph_mail.cli import main
 from ralph_mail.cli.lead import prompt_reviewer
 from ralph_mail.orchestrator import Plan
-from tests.helpers.processes import held_job
+from tests.helpers.processes import held_job, signal_until_ended
 from tests.helpers.protocol_helpers import (  # noqa: F401
     BOUND_S,
     Child,
@@ -388,11 +386,7 @@ def test_a_second_signal_stops_the_lead_at_once(
     try:
         lead, waiter = _reviewing(team, children, f"cmd:{review}")
         assert readable(said, BOUND_S)  # the review runs, and is never let go
-        deadline = time.monotonic() + BOUND_S
-        while lead.popen.poll() is None and time.monotonic() < deadline:
-            lead.popen.send_signal(signal.SIGTERM)  # (signals sent at once may merge)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                lead.popen.wait(timeout=0.2)
+        assert signal_until_ended(lead.popen, signal.SIGTERM) == 0
         assert lead.finish() == 0 and "Traceback" not in lead.stderr_text()
         assert waiter.popen.poll() is None  # still waiting: no answer to the plan
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -153,3 +154,14 @@ def held_job(where: Path, answer: str) -> tuple[str, int, int]:
     let_go = os.open(go, os.O_RDWR)
     script = f"echo started > '{started}'; head -n1 '{go}' >/dev/null; echo '{answer}'"
     return script, said, let_go
+
+
+def signal_until_ended(proc: subprocess.Popen[bytes], signum: int) -> int:
+    """Send ``signum`` to ``proc`` again and again (signals sent at once may merge into
+    one) until it ends, at most BOUND_S seconds; its exit code."""
+    deadline = time.monotonic() + BOUND_S
+    while proc.poll() is None and time.monotonic() < deadline:
+        proc.send_signal(signum)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.2)
+    return proc.wait(timeout=BOUND_S)

@@ -22,6 +22,7 @@ from tests.helpers.processes import (
     held_job,
     ralph,
     runner,
+    signal_until_ended,
     wait_until,
 )
 from tests.helpers.protocol_helpers import readable
@@ -173,12 +174,7 @@ def test_a_second_ctrl_c_stops_the_runner_at_once(
         child = runner(procs, team.home, "worker-1", script)
         asker = _asking(procs, team.home)
         assert readable(said, BOUND_S)  # the job runs, and is not let go yet
-        deadline = time.monotonic() + BOUND_S
-        while child.poll() is None and time.monotonic() < deadline:
-            child.send_signal(signal.SIGINT)  # (signals sent at once may merge)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                child.wait(timeout=0.2)
-        assert child.wait(timeout=BOUND_S) == 130 and asker.poll() is None
+        assert signal_until_ended(child, signal.SIGINT) == 130 and asker.poll() is None
         os.read(said, 64)
         os.write(let_go, b"go\n")  # the first job ends; its answer has nobody to send it
         runner(procs, team.home, "worker-1", script)
