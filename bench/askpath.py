@@ -37,7 +37,7 @@ from typing import Final
 import orjson
 
 from bench.ask import REPLIER
-from bench.common import child_env
+from bench.common import child_env, process_cpu_us
 
 #: Wraps the store's calls in both processes to stamp each step (the file backend's).
 STAMPS: Final = r"""
@@ -158,7 +158,7 @@ def _ask(home: str, asks: int, *, prefix: str = "", wrap: tuple[str, ...] = (),
             exec(STAMPS, namespace)
             stamps = namespace["_stamps"]  # type: ignore[assignment]
         before = resource.getrusage(resource.RUSAGE_SELF)
-        theirs = _proc_cpu(replier.pid) if stamped else 0.0
+        theirs = process_cpu_us(replier.pid) if stamped else 0.0
         for n in range(asks):
             if stamps is not None:
                 stamps.append(("ask0", time.perf_counter_ns()))
@@ -167,7 +167,10 @@ def _ask(home: str, asks: int, *, prefix: str = "", wrap: tuple[str, ...] = (),
                 stamps.append(("ask1", time.perf_counter_ns()))
         after = resource.getrusage(resource.RUSAGE_SELF)
         if stamped:  # the CPU time of each process over the asks counted
-            cpu = [(_cpu(after) - _cpu(before)) / asks, (_proc_cpu(replier.pid) - theirs) / asks]
+            cpu = [
+                (_cpu(after) - _cpu(before)) / asks,
+                (process_cpu_us(replier.pid) - theirs) / asks,
+            ]
             Path(os.environ["ASKPATH_OUT"] + ".cpu").write_bytes(orjson.dumps(cpu))
         bus.close()
         replier.wait(timeout=600)
@@ -180,13 +183,6 @@ def _ask(home: str, asks: int, *, prefix: str = "", wrap: tuple[str, ...] = (),
 def _cpu(usage: resource.struct_rusage) -> float:
     """User and system CPU time, in µs."""
     return (usage.ru_utime + usage.ru_stime) * 1e6
-
-
-def _proc_cpu(pid: int) -> float:
-    """The user and system CPU time of process ``pid`` so far, in µs (Linux's /proc, in
-    clock ticks: a hundredth of a second here, a few thousand asks' worth)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * 1e6 / os.sysconf("SC_CLK_TCK")
 
 
 def trace(asks: int) -> list[tuple[str, float]]:

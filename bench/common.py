@@ -354,6 +354,13 @@ def ralph() -> ModuleType | str:
     return mod
 
 
+def process_cpu_us(pid: int) -> float:
+    """The user and system CPU time of process ``pid`` so far, in µs (Linux's /proc, in
+    clock ticks: a hundredth of a second here, a few thousand asks' worth)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1e6 / os.sysconf("SC_CLK_TCK")
+
+
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for child processes: the repo on the path, and never the real home."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RALPH_")}

@@ -16,6 +16,7 @@ the same server (the floor), with the file backend's figures beside them.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import socket
 import subprocess
@@ -26,7 +27,16 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from bench.common import Row, Section, Sizes, Workspace, child_env, optional_module, ralph
+from bench.common import (
+    Row,
+    Section,
+    Sizes,
+    Workspace,
+    child_env,
+    optional_module,
+    process_cpu_us,
+    ralph,
+)
 
 #: The team `search` and `tail --all` are timed on: agents, and messages among them.
 TEAM_AGENTS = 50
@@ -140,7 +150,24 @@ def _raw_publishes(url: str, n: int) -> float:
     return asyncio.run(main())
 
 
-def _asks(rm: ModuleType, home: Path, url: str, n: int) -> list[float]:
+#: The CPU time of each side of an exchange: (the asking process, the answering one, the
+#: server), in µs per exchange.
+Cpu = tuple[float, float, float]
+
+
+def _cpu_of(pids: tuple[int, int, int]) -> Cpu:
+    mine, theirs, server = pids
+    return process_cpu_us(mine), process_cpu_us(theirs), process_cpu_us(server)
+
+
+def _per(before: Cpu, after: Cpu, n: int) -> Cpu:
+    asker, replier, server = ((b - a) / n for a, b in zip(before, after, strict=True))
+    return asker, replier, server
+
+
+def _asks(rm: ModuleType, home: Path, url: str, n: int, server: int) -> tuple[list[float], Cpu]:
+    """``n`` asks timed (ms), and each side's CPU time per ask (the server's: ``server``,
+    a pid)."""
     replier = subprocess.Popen([sys.executable, "-c", REPLIER, str(home), url], text=True,
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                env=child_env())  # fmt: skip
@@ -151,20 +178,25 @@ def _asks(rm: ModuleType, home: Path, url: str, n: int) -> list[float]:
         for _ in range(3):
             bus.ask("w", "warm", timeout=30)
         trips = []
+        pids = (os.getpid(), replier.pid, server)
+        before = _cpu_of(pids)
         for _ in range(n):
             t0 = time.perf_counter()
             bus.ask("w", "ping", timeout=30)
             trips.append((time.perf_counter() - t0) * 1e3)
-        return trips
+        return trips, _per(before, _cpu_of(pids), n)
     finally:
         bus.close()
         replier.stdin.close()
         replier.wait(timeout=30)
 
 
-def _exchanges(responder: str, url: str, n: int, prepare: Prepare) -> list[float]:
+def _exchanges(
+    responder: str, url: str, n: int, prepare: Prepare, server: int
+) -> tuple[list[float], Cpu]:
     """Start ``responder`` (a script answering on ``url``), then time ``n`` exchanges
-    (after 3 unmeasured) made by the one ``prepare`` readies on a connection (ms)."""
+    (after 3 unmeasured) made by the one ``prepare`` readies on a connection (ms); and
+    each side's CPU time per exchange, as `_asks`."""
     import nats
 
     answering = subprocess.Popen([sys.executable, "-c", responder, url], text=True,
@@ -172,17 +204,21 @@ def _exchanges(responder: str, url: str, n: int, prepare: Prepare) -> list[float
                                  env=child_env())  # fmt: skip
     assert answering.stdout is not None and answering.stdin is not None
 
-    async def main() -> list[float]:
+    async def main() -> tuple[list[float], Cpu]:
         nc = await nats.connect(url)
         exchange = await prepare(nc)
         trips = []
+        pids = (os.getpid(), answering.pid, server)
         for i in range(n + 3):
+            if i == 3:
+                before = _cpu_of(pids)
             t0 = time.perf_counter()
             await exchange()
             if i >= 3:
                 trips.append((time.perf_counter() - t0) * 1e3)
+        cpu = _per(before, _cpu_of(pids), n)
         await nc.close()
-        return trips
+        return trips, cpu
 
     try:
         assert answering.stdout.readline().strip() == "ready"
@@ -192,14 +228,14 @@ def _exchanges(responder: str, url: str, n: int, prepare: Prepare) -> list[float
         answering.wait(timeout=30)
 
 
-def _raw_requests(url: str, n: int) -> list[float]:
+def _raw_requests(url: str, n: int, server: int) -> tuple[list[float], Cpu]:
     async def prepare(nc: Any) -> Callable[[], Awaitable[object]]:
         return lambda: nc.request("bench.echo", b"ping", timeout=10)
 
-    return _exchanges(RESPONDER, url, n, prepare)
+    return _exchanges(RESPONDER, url, n, prepare, server)
 
 
-def _raw_stored_requests(url: str, n: int) -> list[float]:
+def _raw_stored_requests(url: str, n: int, server: int) -> tuple[list[float], Cpu]:
     import nats
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
 
@@ -220,7 +256,7 @@ def _raw_stored_requests(url: str, n: int) -> list[float]:
         return exchange
 
     asyncio.run(setup())
-    return _exchanges(STORED_RESPONDER, url, n, prepare)
+    return _exchanges(STORED_RESPONDER, url, n, prepare, server)
 
 
 def _big_team(rm: ModuleType, home: Path, url: str, messages: int) -> None:
@@ -279,13 +315,16 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
                             anchor=raw_pub.key))  # fmt: skip
     file_send = sec.add(Row("file_send", "bus.send on files", "msg/s", "higher",
                             anchor=raw_pub.key))  # fmt: skip
+    cpu_note = ("extra: the CPU time per exchange of the asking process, the answering "
+                "one and the server (µs)")  # fmt: skip
     raw_req = sec.add(Row("nats_raw_request", "nats-py request/reply between two processes "
-                          "(the floor, p50)", "ms", "lower"))  # fmt: skip
+                          "(the floor, p50)", "ms", "lower", extra=_cpu_extra(),
+                          note=cpu_note))  # fmt: skip
     raw_stored = sec.add(Row("nats_raw_stored_request", "nats-py request/reply stored both "
                              "ways: publish with ack, push consumer (p50)", "ms", "lower",
-                             anchor=raw_req.key))  # fmt: skip
+                             anchor=raw_req.key, extra=_cpu_extra(), note=cpu_note))  # fmt: skip
     nats_ask = sec.add(Row("nats_ask", "ask round trip on JetStream (p50)", "ms", "lower",
-                           anchor=raw_req.key))  # fmt: skip
+                           anchor=raw_req.key, extra=_cpu_extra(), note=cpu_note))  # fmt: skip
     file_ask = sec.add(Row("file_ask", "ask round trip on files (p50)", "ms", "lower",
                            anchor=raw_req.key))  # fmt: skip
     messages = TEAM_MESSAGES if sizes.name != "smoke" else 200
@@ -324,16 +363,16 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
                 NatsBackend(url).remove_team(name)
             nats_send.values.append(_sends(rm, ws.fresh(f"nats-send-{rep}"), url, n))
             file_send.values.append(_sends(rm, ws.fresh(f"file-send-{rep}"), "", n))
-        raw_req.values += _raw_requests(url, sizes.run_samples)
-        raw_stored.values += _raw_stored_requests(url, sizes.run_samples)
+        _add(raw_req, *_raw_requests(url, sizes.run_samples, server.pid))
+        _add(raw_stored, *_raw_stored_requests(url, sizes.run_samples, server.pid))
         for name in NatsBackend(url).team_names():
             NatsBackend(url).remove_team(name)
         home = ws.fresh("nats-ask")
         rm.create_team("bench", ["lead", "w"], home=home, backend=url)
-        nats_ask.values += _asks(rm, home, url, sizes.run_samples)
+        _add(nats_ask, *_asks(rm, home, url, sizes.run_samples, server.pid))
         home = ws.fresh("file-ask")
         rm.create_team("bench", ["lead", "w"], home=home)
-        file_ask.values += _asks(rm, home, "", sizes.run_samples)
+        file_ask.values += _asks(rm, home, "", sizes.run_samples, server.pid)[0]
         homes = {"file": ws.fresh("file-team"), "nats": ws.fresh("nats-team")}
         for backend, home in homes.items():
             _big_team(rm, home, url if backend == "nats" else "", messages)
@@ -342,3 +381,13 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
         server.terminate()
         server.wait(timeout=30)
     return sec
+
+
+def _cpu_extra() -> dict[str, list[float]]:
+    return {"cpu_us_asker": [], "cpu_us_replier": [], "cpu_us_server": []}
+
+
+def _add(row: Row, trips: list[float], cpu: Cpu) -> None:
+    row.values += trips
+    for side, spent in zip(("asker", "replier", "server"), cpu, strict=True):
+        row.extra[f"cpu_us_{side}"].append(round(spent, 1))

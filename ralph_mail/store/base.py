@@ -105,6 +105,11 @@ class Waiter(Protocol):
         A True is only a hint: the caller reads to the end of its inbox afterwards.
         """
 
+    def caught_up(self) -> bool:
+        """Whether a wait now returns at once for any line stored after the last one the
+        waiting thread read (so that a read before the wait finds nothing it would not
+        bring): only a waiter that brings the lines can say so."""
+
     def close(self) -> None:
         """Stop waiting and release what the waiter holds."""
 

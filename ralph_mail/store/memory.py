@@ -341,6 +341,9 @@ class _Waiter:
             self._seen = self._versions()
             return True
 
+    def caught_up(self) -> bool:
+        return False
+
     def close(self) -> None:
         pass
 

@@ -354,6 +354,123 @@ def test_a_wait_woken_by_the_last_line_reads_it_without_asking_the_server_again(
         assert trips[0].startswith("$JS.API.DIRECT.GET."), trips  # poll asks the server
 
 
+def test_a_wait_after_lines_read_without_it_is_woken_by_news_alone(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lines that came while nobody waited are read, not pulled: the waiter's consumer
+    is behind by them. The next wait skips them without returning (it starts its
+    consumer again after them), and is woken by the line sent while it waits, which it
+    brings: no read of the inbox after the pull."""
+    url = fresh_nats()
+    create_team("demo", ["lead", "w"], home=home, backend=url)
+    with MessageBus("demo", "lead", home, backend=url) as lead, \
+            MessageBus("demo", "w", home, backend=url) as bus:  # fmt: skip
+        assert bus.wait_for_messages(0.05) == []  # (its waiter made: from the end on)
+        for n in range(3):
+            lead.send("w", "text", f"while away {n}")
+        assert [m.content for m in bus.poll()] == [f"while away {n}" for n in range(3)]
+        store: Any = bus.store  # (its bucket's watch running: see the test above)
+        wait_until(lambda: store.load_presence("w") and store._cache is not None, "the watch")
+        trips = _trips(monkeypatch, lambda: lead.send("w", "text", "news"))
+        assert [m.content for m in bus.wait_for_messages(BOUND_S)] == ["news"]
+        assert "DIRECT.GET" in trips[0], trips  # (not caught up: it read before waiting)
+        after = trips[trips.index("pull") + 1 :]
+        assert not [s for s in after if "DIRECT.GET" in s or s == "many"], trips
+        assert [s for s in after if "CONSUMER.CREATE" in s], trips  # (caught up at once)
+
+
+def test_a_wait_whose_consumer_is_caught_up_pulls_first(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wait after one that the pull woke (its consumer where the reading stopped)
+    makes no read before it pulls: the pull brings at once what came since, so mail sent
+    while nobody waited is returned at once all the same."""
+    url = fresh_nats()
+    create_team("demo", ["lead", "w"], home=home, backend=url)
+    with MessageBus("demo", "lead", home, backend=url) as lead, \
+            MessageBus("demo", "w", home, backend=url) as bus:  # fmt: skip
+        assert bus.wait_for_messages(0.05) == []
+        sending = threading.Timer(0.05, lead.send, args=("w", "text", "first"))
+        sending.start()  # (while it waits: the pull brings it)
+        assert [m.content for m in bus.wait_for_messages(BOUND_S)] == ["first"]
+        sending.join(BOUND_S)
+        store: Any = bus.store  # (its bucket's watch running: see the test above)
+        wait_until(lambda: store.load_presence("w") and store._cache is not None, "the watch")
+        lead.send("w", "text", "while away")
+        trips = _trips(monkeypatch, lambda: None)
+        assert [m.content for m in bus.wait_for_messages(BOUND_S)] == ["while away"]
+        assert trips[:2] == ["pull", trips[1]] and "MSG.NEXT" in trips[1], trips
+        assert not [s for s in trips if "DIRECT.GET" in s], trips
+        trips = _trips(monkeypatch, lambda: lead.send("w", "text", "news"))
+        assert [m.content for m in bus.wait_for_messages(BOUND_S)] == ["news"]
+        assert trips[0] == "pull" and not [s for s in trips if "DIRECT.GET" in s], trips
+
+
+def test_lines_read_by_another_thread_wake_a_waiter(home: Path) -> None:
+    """What a waiter skips is what its own thread read: a line another thread of the
+    process read (a history, a page) is still news to it."""
+    from ralph_mail.store import backend
+
+    url = fresh_nats()
+    create_team("demo", ["lead", "w"], home=home, backend=url)
+    store = backend(home, url).team_store("demo")
+    waiter = store.waiter(["w"])
+    try:
+        with MessageBus("demo", "lead", home, backend=url) as lead:
+            lead.send("w", "text", "hi")
+        read: list[bytes] = []
+        reading = threading.Thread(target=lambda: read.append(store.read("w", 0)[0]))
+        reading.start()
+        reading.join(BOUND_S)
+        assert read and b'"hi"' in read[0]
+        assert waiter.wait(BOUND_S)
+    finally:
+        waiter.close()
+        store.close()
+
+
+def test_background_writes_queued_meanwhile_go_in_one_write(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Index entries and commit times queued while the background thread is busy go out
+    together: one write, each index's entries in one message (here the pair's three). A
+    write that failed is
+    made again, each message alone; nothing is lost either way."""
+    from ralph_mail.errors import StoreError
+    from ralph_mail.store.nats import background
+    from ralph_mail.store.nats.wire import Wire
+
+    url = fresh_nats()
+    create_team("demo", ["lead", "w"], home=home, backend=url)
+    batches: list[list[str]] = []
+    made = Wire.publish_all
+
+    def recorded(wire: Wire, posts: list[Any], **kw: Any) -> Any:
+        batches.append([subject for subject, _, _ in posts])
+        if len(batches) == 1:
+            raise StoreError("the write failed")  # (each is published again, alone)
+        return made(wire, posts, **kw)
+
+    monkeypatch.setattr(Wire, "publish_all", recorded)
+    pair = ".ix." + b"pair+lead+w".hex()
+    with MessageBus("demo", "lead", home, backend=url) as lead, \
+            MessageBus("demo", "w", home, backend=url) as w:  # fmt: skip
+        sent = []
+        for round in range(2):
+            busy = threading.Event()
+            background.later(busy.wait, BOUND_S)  # (the thread held: the writes queue)
+            sent += [lead.send("w", "text", f"{round}.{n}") for n in range(3)]
+            del batches[round:]
+            busy.set()
+            background.flush()
+            assert len(batches) == round + 1, batches  # (lead's store: one write)
+            assert len([s for s in batches[round] if s.endswith(pair)]) == 1, batches
+        assert [m.content for m in w.poll()] == [m.content for m in sent]
+        assert [m.id for m in w.history("lead", 10)] == [m.id for m in sent]
+        background.flush()
+        assert lead.receipts(sent[-1])[0].consumed_at is not None
+
+
 def test_a_watch_whose_consumer_went_silent_starts_again(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

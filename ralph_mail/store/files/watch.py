@@ -419,6 +419,9 @@ class Watcher:
             step = min(step * 2, WATCH_STOP_CHECK_MAX_S)
         return False
 
+    def caught_up(self) -> bool:
+        return False  # (an event says a file changed, not what came: the read comes first)
+
     def close(self) -> None:
         """Stop watching: unregister the doorbell, close the inotify descriptor, stop
         watchfiles' thread."""

@@ -1,8 +1,9 @@
 """The NATS store's writes made in the background: index entries and commit times, which
 a caller need not wait for (the message they point at, the cursor they follow, are
 stored already), made in the order they came on one thread of the process's own; a read
-that must see them (`flush`) waits for them first. Cursors are not among them: a commit
-waits for its cursor (see `claims`)."""
+that must see them (`flush`) waits for them first. A store sends what it queued meanwhile
+in one write (`Logs._send_out`). Cursors are not among them: a commit waits for its
+cursor (see `claims`)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from ralph_mail.store.nats.wire import REQUEST_S
 
 #: Writes this process has under way in the background (index entries, commit times),
 #: made in order on one thread of their own.
-_PENDING: list[tuple[str, concurrent.futures.Future[Any]]] = []
+_PENDING: list[concurrent.futures.Future[Any]] = []
 _PENDING_LOCK = threading.Lock()
 
 
@@ -71,21 +72,19 @@ def pending_lock() -> threading.Lock:
     return _PENDING_LOCK
 
 
-def later(kind: str, write: Callable[..., Any], *args: Any) -> None:
+def later(write: Callable[..., Any], *args: Any) -> None:
     """Make ``write(*args)`` on the process's background thread, after the writes
     started before it; `flush` waits for it."""
     with _PENDING_LOCK:
-        _PENDING[:] = [(k, f) for k, f in _PENDING if not f.done()]
-        _PENDING.append((kind, _BACKGROUND.submit(write, *args)))
+        _PENDING[:] = [future for future in _PENDING if not future.done()]
+        _PENDING.append(_BACKGROUND.submit(write, *args))
 
 
-def flush(kind: str = "") -> None:
-    """Wait for the writes of ``kind`` ("index" entries, "commit" times; all by default)
-    this process is still making (any store's: a bus reads what another bus of the
-    process wrote, as on files)."""
+def flush() -> None:
+    """Wait for the writes this process is still making in the background (any store's:
+    a bus reads what another bus of the process wrote, as on files)."""
     with _PENDING_LOCK:
-        pending = [f for k, f in _PENDING if kind in ("", k)]
-        _PENDING[:] = [(k, f) for k, f in _PENDING if kind not in ("", k)]
+        pending, _PENDING[:] = list(_PENDING), []
     deadline = time.monotonic() + REQUEST_S  # for them all (a server away: not each)
     for future in pending:
         try:

@@ -15,7 +15,7 @@ import time
 
 from ralph_mail.errors import StoreError
 from ralph_mail.store.base import Cursor
-from ralph_mail.store.nats.background import flush, later
+from ralph_mail.store.nats.background import flush
 from ralph_mail.store.nats.logs import Logs
 from ralph_mail.store.nats.stream import READ_BATCH
 from ralph_mail.store.nats.wire import Reply
@@ -39,12 +39,12 @@ class Commits(Logs):
         self._commit_times[agent] = now
         mark, passed = marks(before, after)
         fields = (before.floor, after.floor, mark, now, passed)
-        later("commit", self._acked, self._subject(f"commits:{agent}"), b"%d %d %d %d %d" % fields)
+        self._post(self._subject(f"commits:{agent}"), b"%d %d %d %d %d" % fields)
 
     def consumed_at(self, agent: str, offset: int, since: str) -> str | None:
         """Bisects the subject by stream sequence; each probe is one direct get of the
         first commit at or after a sequence."""
-        flush("commit")
+        flush()
         subject = self._subject(f"commits:{agent}")
         last = self._get(subject)
         if last is None:

@@ -116,11 +116,13 @@ class Logs(Claims):
         super().__init__(url, team, durable=durable)
         self._tails: dict[str, tuple[int, int, int, str]] = {}  # subject -> seq, end, n, ts
         self._queued: dict[str, list[bytes]] = {}  # index subject -> entries to write
+        self._outbox: list[tuple[str, bytes]] = []  # other writes of the background's
         self._log_cache: dict[str, tuple[bytes, int]] = {}  # team log -> read so far, end
         self._locks: dict[str, threading.Lock] = {}  # subject -> its appends, one at a time
         self._kept: dict[str, dict[int, tuple[bytes, int, int]]] = {}  # see _pulled
         self._kept_lock = threading.Lock()
         self._ends: dict[str, tuple[int, tuple[int, int]]] = {}  # see _pulled
+        self._reading = threading.local()  # .to: subject -> seq of the last line read
         self._born: set[str] = set()  # subjects whose mark is in the bucket (see _emptied)
 
     # -- where a subject ends, where an offset is -----------------------------------------
@@ -297,18 +299,36 @@ class Logs(Claims):
             return b"", offset  # (the pull, this thread's last round trip, said so)
         return self._fetch(subject, offset, count)
 
-    def _pulled(self, message: Reply) -> int:
+    def read_to(self, subject: str) -> int:
+        """The stream sequence of the last line of ``subject`` read in this thread (0:
+        none). A waiter waits in the thread that read just before it, what was there
+        then: a line pulled at or below it is no news (see `Waiter`)."""
+        return self._read_so_far().get(subject, 0)
+
+    def _read_so_far(self) -> dict[str, int]:
+        so_far: dict[str, int] | None = getattr(self._reading, "to", None)
+        if so_far is None:
+            so_far = self._reading.to = {}
+        return so_far
+
+    def _read_up_to(self, subject: str, seq: int) -> None:
+        so_far = self._read_so_far()
+        so_far[subject] = max(so_far.get(subject, 0), seq)
+
+    def _pulled(self, message: Reply) -> tuple[int, int]:
         """Keep a line a waiter pulled, for the read that follows (up to `KEPT_LINES` a
         subject, by offset, each with the offset of the next line: a line kept is a
         fact about the stream, so a read from one is served here, without a round
-        trip); return its stream sequence. When nothing followed it in the consumer's
+        trip); return its stream sequence and how many lines follow it in the consumer's
         subjects (its ``pending``, the last word of its ack subject before a v2 one's
-        token), the read after it is answered too: nothing, as long as that pull is
-        still this thread's last round trip (the same read asked of the server then)."""
+        token). When none does, the read after it is answered too: nothing, as long as
+        that pull is still this thread's last round trip (the same read asked of the
+        server then)."""
         tokens = message.reply.split(".")  # $JS.ACK.[domain.account.]stream.consumer...
         seq = int(tokens[5] if len(tokens) == 9 else tokens[7])
+        pending = int(tokens[8 if len(tokens) == 9 else 10])
         if not placed(message):  # (no line of the store's: the read sets it aside)
-            return seq
+            return seq, pending
         offset = int(message.headers["Ralph-Offset"])
         after = offset + len(message.data) + 1
         with self._kept_lock:
@@ -316,9 +336,9 @@ class Logs(Claims):
             kept[offset] = (message.data, seq, after)
             if len(kept) > KEPT_LINES:
                 del kept[next(iter(kept))]
-        if tokens[8 if len(tokens) == 9 else 10] == "0":
+        if not pending:
             self._ends[message.subject] = (after, self._trips())
-        return seq
+        return seq, pending
 
     def _held(self, subject: str, offset: int, count: int) -> bytes | None:
         """The lines kept from ``offset`` on (see `_pulled`); None when none is."""
@@ -332,6 +352,7 @@ class Logs(Claims):
         if not lines:
             return None
         self._remember(subject, at, seq + 1)
+        self._read_up_to(subject, seq)
         return b"".join(line + b"\n" for line in lines)
 
     def _fetch(self, subject: str, offset: int, count: int) -> tuple[bytes, int]:
@@ -349,6 +370,7 @@ class Logs(Claims):
         if not seq:  # at the end; or past it: the log was replaced, read from its start
             if start >= offset:
                 return b"", offset
+            self._read_so_far().pop(subject, None)
             data, first = self._fetch(subject, 0, count)
             return (data, first) if data else (b"", start)
         lines = [msg.data for msg in found]
@@ -356,6 +378,7 @@ class Logs(Claims):
             last = found[-1]
             after = self._offset(last) + len(last.data) + 1
             self._remember(subject, after, self._seq(last) + 1)
+            self._read_up_to(subject, self._seq(last))
         return b"".join(line + b"\n" for line in lines), start
 
     def read_tail(self, agent: str, lines: int) -> tuple[list[bytes], int]:
@@ -499,11 +522,18 @@ class Logs(Claims):
         process may read the index a few milliseconds before the entry is in."""
         subject = self._subject(f"ix:{key}")
         with pending_lock():
-            queue = self._queued.setdefault(subject, [])
-            queue.append(orjson.dumps([agent, offset, length]))
-            first = len(queue) == 1
-        if first:  # entries that come while it writes go in its next message
-            later("index", self._drain, subject)
+            idle = not self._queued and not self._outbox
+            self._queued.setdefault(subject, []).append(orjson.dumps([agent, offset, length]))
+        if idle:  # what comes while it waits to be sent goes with it
+            later(self._send_out)
+
+    def _post(self, subject: str, payload: bytes) -> None:
+        """Publish ``payload`` in the background, with what else is queued then."""
+        with pending_lock():
+            idle = not self._queued and not self._outbox
+            self._outbox.append((subject, payload))
+        if idle:
+            later(self._send_out)
 
     def index_extend(self, key: str, entries: list[tuple[str, int, int]]) -> None:
         """`index_add` each, in order (they go out in one message, or a few)."""
@@ -513,20 +543,25 @@ class Logs(Claims):
     def index_start(self, key: str) -> None:
         """An index is a subject of its own here: nothing before its first entry to skip."""
 
-    def _drain(self, subject: str) -> None:
-        """Write the queued index entries of ``subject``, all there are in one message.
-        An index is not a log: its messages carry no offsets, so writers need not take
-        turns (the bus orders what it finds by ts)."""
-        while True:
-            with pending_lock():
-                entries = self._queued.pop(subject, [])
-            if not entries:
-                return
-            batch = b"\n".join(entries)  # (an id: sent again, stored once)
-            self._acked(subject, batch, {"Nats-Msg-Id": _line_id(subject, 0, batch)})
+    def _send_out(self) -> None:
+        """Write what is queued: each index's entries in one message (an index is not a
+        log: its messages carry no offsets, so writers need not take turns, and the bus
+        orders what it finds by ts), and the posts, all in one write (`_acked_all`). Each
+        has an id: sent again, stored once."""
+        with pending_lock():
+            queued, outbox = self._queued, self._outbox
+            self._queued, self._outbox = {}, []
+        posts: list[tuple[str, bytes, dict[str, str] | None]] = []
+        for subject, entries in queued.items():
+            batch = b"\n".join(entries)
+            posts.append((subject, batch, {"Nats-Msg-Id": _line_id(subject, 0, batch)}))
+        for subject, payload in outbox:
+            posts.append((subject, payload, {"Nats-Msg-Id": _line_id(subject, 0, payload)}))
+        if posts:
+            self._acked_all(posts)
 
     def index_tail(self, key: str, count: int) -> list[tuple[str, int, int]]:
-        flush("index")
+        flush()
         lines = [msg.data for msg in self._index_tail(self._subject(f"ix:{key}"), count)]
         entries = [_entry(raw) for line in lines for raw in line.split(b"\n")]
         found = [entry for entry in entries if entry is not None]  # (a foreign one: none)

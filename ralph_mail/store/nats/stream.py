@@ -344,6 +344,21 @@ class TeamStream:
             known.clear()
         known[offset] = seq
 
+    def _acked_all(self, posts: list[tuple[str, bytes, dict[str, str] | None]]) -> None:
+        """Publish each ``(subject, payload, headers)`` with its ack, all in one write
+        (`Wire.publish_all`); one the server did not take at once is published again
+        alone, as `_acked` does (each has an id: stored once)."""
+        try:
+            answers: list[Reply | None] = list(
+                self._on_wire(lambda wire: wire.publish_all(posts), REQUEST_S)
+            )
+        except StoreError:
+            answers = [None] * len(posts)
+        for (subject, payload, headers), answer in zip(posts, answers, strict=True):
+            if (answer is None or answer.status is not None
+                    or code_of(orjson.loads(answer.data)) is not None):  # fmt: skip
+                self._acked(subject, payload, headers)
+
     def _acked(
         self,
         subject: str,

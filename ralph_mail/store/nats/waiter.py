@@ -73,13 +73,40 @@ class Waiter:
                 self._name = ""  # (made again below, once the server answers)
                 got = None
             if got is not None and got.status is None:
-                self._last = max(self._last, self._store._pulled(got))
-                return True
+                seq, pending = self._store._pulled(got)
+                self._last = max(self._last, seq)
+                if seq > self._store.read_to(got.subject):
+                    return True
+                if pending:  # lines read already, more of them queued: skip them all
+                    self._catch_up()
+                continue  # (a line the store read before this pull: no news)
             if got is not None and got.status == "408":
                 continue  # the pull expired with nothing: pull again
             with contextlib.suppress(StoreError):  # gone (or the server away): again
                 self._make()
             return True
+
+    def caught_up(self) -> bool:
+        """True when its consumer stands where the waiting thread stopped reading (the
+        last line this thread read of its one subject is the last it pulled): a pull
+        then brings at once whatever came after it."""
+        return bool(
+            self._name
+            and len(self._subjects) == 1
+            and self._last
+            and self._last == self._store.read_to(self._subjects[0])
+        )
+
+    def _catch_up(self) -> None:
+        """Start the consumer again after the lines its store read without it (lines
+        that came while nobody waited are read, not pulled, so it fell behind): from the
+        first line after those read in all its subjects, so it skips no line unread."""
+        read = min(self._store.read_to(subject) for subject in self._subjects)
+        if read > self._last:
+            self.close()
+            self._last = read
+            with contextlib.suppress(StoreError):  # (made again by the next pull)
+                self._make()
 
     def close(self) -> None:
         if self._name:

@@ -346,7 +346,20 @@ class Wire:
         """Batched reads (see ``batch`` of `request`) at once: all published before any
         answer is read, so that they cost one round trip, not one each; each one's
         answer sorted out by its reply subject. Sent again as `request` sends a read."""
-        return self._tried(lambda deadline, by: self._many(asks, deadline, by), timeout, True)
+        posts: list[tuple[str, bytes, dict[str, str] | None]]
+        posts = [(subject, payload, None) for subject, payload in asks]
+        return self._tried(lambda deadline, by: self._many(posts, deadline, by), timeout, True)
+
+    def publish_all(
+        self, posts: list[tuple[str, bytes, dict[str, str] | None]], *, timeout: float = REQUEST_S
+    ) -> list[Reply]:
+        """Publish each ``(subject, payload, headers)`` and return each one's answer (an
+        ack), all in one write and one round trip, as `many` does. Sent again whole when
+        no answer came: for messages the stream stores once (a ``Nats-Msg-Id`` each)."""
+        answers = self._tried(
+            lambda deadline, by: self._many(posts, deadline, by, batch=False), timeout, True
+        )
+        return [found[0] for found in answers]
 
     def _tried(self, attempt: Callable[[float, float], _T], timeout: float, again: bool) -> _T:
         """``attempt(deadline, answer_by)`` until it answers: tried again (``again``) as
@@ -367,12 +380,19 @@ class Wire:
                 deadline = max(deadline, time.monotonic() + TRY_S)  # (patient: past it)
 
     def _many(
-        self, asks: list[tuple[str, bytes]], deadline: float, answer_by: float
+        self,
+        asks: list[tuple[str, bytes, dict[str, str] | None]],
+        deadline: float,
+        answer_by: float,
+        batch: bool = True,
     ) -> list[list[Reply]]:
         replies = [self._reply() for _ in asks]
-        frames = [self._frame(subject, reply, payload, None)[0]
-                  for (subject, payload), reply in zip(asks, replies, strict=True)]  # fmt: skip
-        self._publish(b"".join(frames), 0, deadline)
+        framed = [
+            self._frame(subject, reply, payload, headers)
+            for (subject, payload, headers), reply in zip(asks, replies, strict=True)
+        ]
+        largest = max(body for _, body in framed)
+        self._publish(b"".join(frame for frame, _ in framed), largest, deadline)
         found: dict[bytes, list[Reply]] = {reply: [] for reply in replies}
         open_, heard = set(replies), False
         try:
@@ -380,6 +400,10 @@ class Wire:
                 first = 0.0 if heard else answer_by  # (the first answer by answer_by)
                 reply, answer = self._next_of(open_, deadline, head_by=first)
                 heard = True
+                if not batch:  # (one answer each)
+                    found[reply].append(answer)
+                    open_.discard(reply)
+                    continue
                 if answer.status is None:
                     found[reply].append(answer)
                     continue
