@@ -14,6 +14,9 @@ the same run so the machine's load weighs on both alike.
   alternating with a write into one FIFO of the baseline; each agent reports its
   CLOCK_MONOTONIC minus the stamp taken just before the send. p50 and p99 of each, and
   the p99 beyond the baseline's.
+- A wake-up after sleep: the one agent of N = 1 woken `COLD_SAMPLES` more times, each
+  after it slept `COLD_S` (the sender busy meanwhile): what a wake-up of one of many
+  agents, each asleep far longer, costs one agent alone.
 - Memory: each agent's resident set (VmRSS) and its own part (private pages: the
   agents are forked from one process that imported ralph_mail, as the hive does).
 """
@@ -30,7 +33,7 @@ from bench.common import Row, Section, Sizes, Workspace, percentile, ralph
 from bench.hive import Counters, Hive, counters, memory
 
 #: The numbers of waiting agents each mode measures.
-SCALE_SIZES: Final = {"full": (1, 10, 100, 1000), "quick": (1, 10, 100), "smoke": (3,)}
+SCALE_SIZES: Final = {"full": (1, 10, 100, 1000), "quick": (1, 10, 100), "smoke": (1, 3)}
 #: When the steady idle window starts after the mail (s): past the safety poll's stretch.
 SETTLE_S: Final = {"full": 35.0, "quick": 35.0, "smoke": 0.4}
 #: Each idle window (s): as long as the safety poll's longest interval, so every agent
@@ -42,6 +45,12 @@ MIN_SAMPLES: Final = {"full": 300, "quick": 100, "smoke": 3}
 GAP_S: Final = 0.004
 #: How long the hives may take to start every agent (s): a thousand on a loaded machine.
 START_S: Final = 600.0
+#: The one agent of N = 1 is also woken after sleeping this long (s), `COLD_SAMPLES`
+#: times: each of many agents is woken after sleeping as long or longer, so this is the
+#: single agent's floor for them (its caches no longer hold it; the sender is kept busy
+#: meanwhile, as it is when it wakes one agent after another).
+COLD_S: Final = {"full": 1.5, "quick": 1.5, "smoke": 0.05}
+COLD_SAMPLES: Final = {"full": 30, "quick": 10, "smoke": 2}
 
 
 def run(sizes: Sizes, ws: Workspace) -> Section:
@@ -50,10 +59,17 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
     rm = ralph()
     for n in SCALE_SIZES[sizes.name]:
         rows = _rows(sec, n, rm if isinstance(rm, str) else "ok")
+        cold = None
+        if n == 1:
+            cold = sec.add(Row("wake_1_cold", f"1 agent waiting, woken after it slept "
+                                              f"{COLD_S[sizes.name]:g} s", "ms", "lower",
+                               status=rows[0].status, extra={"p99_ms": []},
+                               note="figure = p50: the single agent's floor for a wake-up "
+                                    "of one of many (each sleeps longer)"))  # fmt: skip
         if rows[0].status != "ok":
             continue
         try:
-            _measure(n, sizes.name, ws, rows)
+            _measure(n, sizes.name, ws, rows, cold)
         except Exception as exc:  # one N failing must not sink the others
             for row in rows:
                 if not row.values:
@@ -82,7 +98,9 @@ def _rows(sec: Section, n: int, status: str) -> tuple[Row, Row, Row, Row]:
     return idle, pipe, wake, rss
 
 
-def _measure(n: int, mode: str, ws: Workspace, rows: tuple[Row, Row, Row, Row]) -> None:
+def _measure(
+    n: int, mode: str, ws: Workspace, rows: tuple[Row, Row, Row, Row], cold: Row | None
+) -> None:
     rm = ralph()
     assert not isinstance(rm, str)
     idle, pipe, wake, rss = rows
@@ -119,6 +137,10 @@ def _measure(n: int, mode: str, ws: Workspace, rows: tuple[Row, Row, Row, Row]) 
             rss.values.append(statistics.median(r for r, _ in sizes))
             rss.extra["private_mib"].append(statistics.median(p for _, p in sizes))
             ours, floors = _wake_ups(n, mode, bus, names, bees, floor, str(fifos))
+            if cold is not None:
+                woken = _cold_wake_ups(mode, bus, names[0], bees, floor, str(fifos))
+                cold.values.append(percentile(woken, 50))
+                cold.extra["p99_ms"].append(percentile(woken, 99))
         finally:
             bus.close()
     wake.values.append(percentile(ours, 50))
@@ -152,12 +174,33 @@ def _wake_ups(
             bus.send(names[index], "text", str(time.monotonic_ns()))  # type: ignore[attr-defined]
             ours.append(bees.latency(60.0)[1] / 1e6)
             time.sleep(GAP_S)  # pacing, not synchronisation
-            stamp = time.monotonic_ns()
-            fd = os.open(os.path.join(fifos, f"{index}.fifo"), os.O_WRONLY | os.O_NONBLOCK)
-            try:
-                os.write(fd, f"{stamp}\n".encode())
-            finally:
-                os.close(fd)
-            floors.append(floor.latency(60.0)[1] / 1e6)
+            floors.append(_ring(floor, fifos, index))
             time.sleep(GAP_S)
     return ours, floors
+
+
+def _cold_wake_ups(
+    mode: str, bus: object, name: str, bees: Hive, floor: Hive, fifos: str
+) -> list[float]:
+    """Wake ``name`` after it slept `COLD_S` each time, the sender ringing the FIFO
+    reader meanwhile as `_wake_ups` does (it stays as warm as there); latencies in ms."""
+    woken: list[float] = []
+    for _ in range(COLD_SAMPLES[mode]):
+        slept = time.monotonic() + COLD_S[mode]
+        while time.monotonic() < slept:
+            _ring(floor, fifos, 0)
+            time.sleep(2 * GAP_S)
+        bus.send(name, "text", str(time.monotonic_ns()))  # type: ignore[attr-defined]
+        woken.append(bees.latency(60.0)[1] / 1e6)
+    return woken
+
+
+def _ring(floor: Hive, fifos: str, index: int) -> float:
+    """Write into FIFO ``index`` of the floor's hive; its reader's latency in ms."""
+    stamp = time.monotonic_ns()
+    fd = os.open(os.path.join(fifos, f"{index}.fifo"), os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        os.write(fd, f"{stamp}\n".encode())
+    finally:
+        os.close(fd)
+    return floor.latency(60.0)[1] / 1e6
