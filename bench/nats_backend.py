@@ -7,7 +7,9 @@ the same server (the floor), with the file backend's figures beside them.
   request/reply between two processes (the issue's floor), against the same exchange
   stored both ways (each side publishes to a stream with its ack, a push consumer
   delivers: what an ask that survives a crash needs at the least), and against the same
-  ask on files.
+  ask on files. The replier consumes a request as it reads it (`wait_for_messages`);
+  a second one answers as ``ralph-mail run`` does, committing once it replied, so its
+  commit is off the asker's path.
 * ``ralph-mail search`` and ``ralph-mail tail --all`` on a team of `TEAM_AGENTS` agents
   and `TEAM_MESSAGES` messages, as whole commands (a process each, warmed up: its index
   made by an earlier run), on JetStream against the same team on files.
@@ -59,6 +61,14 @@ while not stop.is_set():
         if m.type == "request":
             bus.reply(m, m.content)
 """
+#: The same replier answering as ``ralph-mail run`` does: it consumes a request once it
+#: is answered (at least once; a request answered again is not answered twice).
+RUN_REPLIER = REPLIER.replace(
+    "bus.wait_for_messages(0.2, stop=stop)", "bus.wait_for_messages(0.2, stop=stop, consume=False)"
+).replace(
+    "            bus.reply(m, m.content)\n",
+    "            bus.reply(m, m.content)\n        bus.commit(m)\n",
+)
 #: A raw nats-py responder: the floor of a request/reply between two processes.
 RESPONDER = """
 import asyncio, sys
@@ -165,10 +175,12 @@ def _per(before: Cpu, after: Cpu, n: int) -> Cpu:
     return asker, replier, server
 
 
-def _asks(rm: ModuleType, home: Path, url: str, n: int, server: int) -> tuple[list[float], Cpu]:
+def _asks(
+    rm: ModuleType, home: Path, url: str, n: int, server: int, replier_code: str = REPLIER
+) -> tuple[list[float], Cpu]:
     """``n`` asks timed (ms), and each side's CPU time per ask (the server's: ``server``,
-    a pid)."""
-    replier = subprocess.Popen([sys.executable, "-c", REPLIER, str(home), url], text=True,
+    a pid), answered by ``replier_code``."""
+    replier = subprocess.Popen([sys.executable, "-c", replier_code, str(home), url], text=True,
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                env=child_env())  # fmt: skip
     assert replier.stdout is not None and replier.stdin is not None
@@ -325,6 +337,10 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
                              anchor=raw_req.key, extra=_cpu_extra(), note=cpu_note))  # fmt: skip
     nats_ask = sec.add(Row("nats_ask", "ask round trip on JetStream (p50)", "ms", "lower",
                            anchor=raw_req.key, extra=_cpu_extra(), note=cpu_note))  # fmt: skip
+    nats_ask_run = sec.add(Row("nats_ask_run", "the same, the replier answering as "
+                               "ralph-mail run does: it commits after it replied", "ms",
+                               "lower", anchor=raw_req.key, extra=_cpu_extra(),
+                               note=cpu_note))  # fmt: skip
     file_ask = sec.add(Row("file_ask", "ask round trip on files (p50)", "ms", "lower",
                            anchor=raw_req.key))  # fmt: skip
     messages = TEAM_MESSAGES if sizes.name != "smoke" else 200
@@ -340,7 +356,7 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
         commands[command, "nats"] = sec.add(
             Row(f"nats_{command}_team", f"{what}, {team}, on JetStream", "ms", "lower",
                 anchor=on_files.key))  # fmt: skip
-    rows = (raw_pub, nats_send, file_send, raw_req, raw_stored, nats_ask, file_ask,
+    rows = (raw_pub, nats_send, file_send, raw_req, raw_stored, nats_ask, nats_ask_run, file_ask,
             *commands.values())  # fmt: skip
     rm, missing = ralph(), optional_module("nats")
     if isinstance(rm, str) or isinstance(missing, str):
@@ -370,6 +386,10 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
         home = ws.fresh("nats-ask")
         rm.create_team("bench", ["lead", "w"], home=home, backend=url)
         _add(nats_ask, *_asks(rm, home, url, sizes.run_samples, server.pid))
+        NatsBackend(url).remove_team("bench")
+        home = ws.fresh("nats-ask-run")
+        rm.create_team("bench", ["lead", "w"], home=home, backend=url)
+        _add(nats_ask_run, *_asks(rm, home, url, sizes.run_samples, server.pid, RUN_REPLIER))
         home = ws.fresh("file-ask")
         rm.create_team("bench", ["lead", "w"], home=home)
         file_ask.values += _asks(rm, home, "", sizes.run_samples, server.pid)[0]

@@ -470,6 +470,10 @@ def targets(secs: Sections) -> list[Target]:
     add_ratio("nats_ask", "ask round trip (p50) on JetStream vs nats-py request/reply",
               row(spanning, "nats_ask"), row(spanning, "nats_raw_request"), "≤ 3x",
               time_ratio, lambda r: r <= 3.0, "{r:.1f}x")  # fmt: skip
+    add_ratio("nats_ask_run", "the same, the replier committing after it replied (as "
+              "ralph-mail run does)", row(spanning, "nats_ask_run"),
+              row(spanning, "nats_raw_request"), "≤ 3x", time_ratio, lambda r: r <= 3.0,
+              "{r:.1f}x")  # fmt: skip
     # Ours: an ask stores its request and its reply, so the fair floor is the same
     # exchange stored both ways; within 2x of it.
     add_ratio("nats_ask_stored", "ask round trip (p50) on JetStream vs the exchange stored "

@@ -30,6 +30,7 @@ TARGETS = {
     "nats_send",
     "nats_ask",
     "nats_ask_stored",
+    "nats_ask_run",
     "tui_first_paint",
     "tui_send_to_screen",
     "mcp_send",
