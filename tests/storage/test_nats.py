@@ -471,6 +471,36 @@ def test_background_writes_queued_meanwhile_go_in_one_write(
         assert lead.receipts(sent[-1])[0].consumed_at is not None
 
 
+def test_history_is_the_last_messages_while_background_writes_lag(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each store batches its index entries while the background thread is busy, so a
+    pair's index gets [L1 L2] after [W1], [W2 W3] after [L3]: its tail is put back in
+    the order the lines were stored in (each message gives its entries' stream
+    sequences in a header), and history is still the last messages, from a lagging
+    thread as from a quick one."""
+    from ralph_mail.store.nats.stream import TeamStream
+
+    made = TeamStream._acked_all
+
+    def lagging(store: TeamStream, posts: list[Any]) -> None:
+        time.sleep(0.03)  # (a loaded machine: the entries queue up meanwhile)
+        made(store, posts)
+
+    monkeypatch.setattr(TeamStream, "_acked_all", lagging)
+    url = fresh_nats()
+    create_team("demo", ["lead", "w", "other"], home=home, backend=url)
+    with MessageBus("demo", "lead", home, backend=url) as lead, \
+            MessageBus("demo", "w", home, backend=url) as w, \
+            MessageBus("demo", "other", home, backend=url) as other:  # fmt: skip
+        for n in range(5):
+            lead.send("w", "text", f"L{n}")
+            w.send("lead", "text", f"W{n}")
+            other.send("lead", "text", "noise")
+        assert [m.content for m in lead.history("w", 4)] == ["L3", "W3", "L4", "W4"]
+        assert [m.content for m in w.history("lead", 2)] == ["L4", "W4"]
+
+
 def test_a_watch_whose_consumer_went_silent_starts_again(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -23,7 +23,7 @@ import json
 import re
 import threading
 import time
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -74,6 +74,13 @@ def _ordinal(msg: Reply) -> int:
     return int(msg.headers["Ralph-N"])
 
 
+#: How many index messages more than twice the entries asked for `Logs.index_tail` looks
+#: at, for batches written late (a few writers, each with a batch behind).
+INDEX_SLACK: Final = 8
+#: No index has more messages than this.
+ALL_MESSAGES: Final = 1 << 62
+
+
 def _entry(raw: bytes) -> tuple[str, int, int] | None:
     """An index entry, ``[agent, offset, length]``; None for anything else."""
     try:
@@ -83,6 +90,15 @@ def _entry(raw: bytes) -> tuple[str, int, int] | None:
     if not isinstance(agent, str) or not isinstance(offset, int) or not isinstance(length, int):
         return None
     return agent, offset, length
+
+
+def _seqs_of(msg: Reply, entries: int) -> list[int]:
+    """The stream sequences of the lines an index message's entries point at (its
+    ``Ralph-Seqs`` header, one a entry); [] when it does not give one for each."""
+    seqs = msg.headers.get("Ralph-Seqs", "").split(",")
+    if len(seqs) != entries or not all(seq.isdigit() and int(seq) for seq in seqs):
+        return []
+    return [int(seq) for seq in seqs]
 
 
 def _born_key(tail: str) -> str:
@@ -115,7 +131,7 @@ class Logs(Claims):
     def __init__(self, url: str, team: str, *, durable: bool = False) -> None:
         super().__init__(url, team, durable=durable)
         self._tails: dict[str, tuple[int, int, int, str]] = {}  # subject -> seq, end, n, ts
-        self._queued: dict[str, list[bytes]] = {}  # index subject -> entries to write
+        self._queued: dict[str, list[tuple[bytes, int]]] = {}  # index -> (entry, its seq)
         self._outbox: list[tuple[str, bytes]] = []  # other writes of the background's
         self._log_cache: dict[str, tuple[bytes, int]] = {}  # team log -> read so far, end
         self._locks: dict[str, threading.Lock] = {}  # subject -> its appends, one at a time
@@ -521,9 +537,11 @@ class Logs(Claims):
         costs a send no round trip); this process's index reads wait for it first. Another
         process may read the index a few milliseconds before the entry is in."""
         subject = self._subject(f"ix:{key}")
+        seq = self._seqs.get(self._subject(agent), {}).get(offset, 0)  # (a line I stored)
+        entry = orjson.dumps([agent, offset, length])
         with pending_lock():
             idle = not self._queued and not self._outbox
-            self._queued.setdefault(subject, []).append(orjson.dumps([agent, offset, length]))
+            self._queued.setdefault(subject, []).append((entry, seq))
         if idle:  # what comes while it waits to be sent goes with it
             later(self._send_out)
 
@@ -553,19 +571,38 @@ class Logs(Claims):
             self._queued, self._outbox = {}, []
         posts: list[tuple[str, bytes, dict[str, str] | None]] = []
         for subject, entries in queued.items():
-            batch = b"\n".join(entries)
-            posts.append((subject, batch, {"Nats-Msg-Id": _line_id(subject, 0, batch)}))
+            batch = b"\n".join(entry for entry, _ in entries)
+            headers = {"Nats-Msg-Id": _line_id(subject, 0, batch)}
+            if all(seq for _, seq in entries):  # where their lines are in the stream
+                headers["Ralph-Seqs"] = ",".join(str(seq) for _, seq in entries)
+            posts.append((subject, batch, headers))
         for subject, payload in outbox:
             posts.append((subject, payload, {"Nats-Msg-Id": _line_id(subject, 0, payload)}))
         if posts:
             self._acked_all(posts)
 
     def index_tail(self, key: str, count: int) -> list[tuple[str, int, int]]:
+        """The last ``count`` entries of the index's last messages (twice ``count`` of
+        them, and `INDEX_SLACK` more), by the stream sequence of their lines when each
+        message gives them (its ``Ralph-Seqs`` header): writers batch their entries
+        (`_send_out`), so a batch written late holds lines stored before those of
+        batches written sooner, and the stream's order is the order the lines were
+        stored in."""
         flush()
-        lines = [msg.data for msg in self._index_tail(self._subject(f"ix:{key}"), count)]
-        entries = [_entry(raw) for line in lines for raw in line.split(b"\n")]
-        found = [entry for entry in entries if entry is not None]  # (a foreign one: none)
-        return found[-count:] if count else []
+        found: list[tuple[int, tuple[str, int, int]]] = []
+        ordered = True
+        window = min(2 * count + INDEX_SLACK, ALL_MESSAGES) if count else 0
+        for msg in self._index_tail(self._subject(f"ix:{key}"), window):
+            raws = msg.data.split(b"\n")
+            seqs = _seqs_of(msg, len(raws))
+            ordered = ordered and bool(seqs)
+            for seq, raw in zip(seqs or [0] * len(raws), raws, strict=True):
+                entry = _entry(raw)
+                if entry is not None:  # (a foreign one: none)
+                    found.append((seq, entry))
+        if ordered:
+            found.sort(key=lambda seq_entry: seq_entry[0])
+        return [entry for _, entry in found[-count:]] if count else []
 
     def _index_tail(self, subject: str, count: int) -> list[Reply]:
         """The last ``count`` messages of an index (a message: one entry or more). An
