@@ -104,9 +104,19 @@ def runner(
     )  # fmt: skip
     procs.started.append(child)
     assert child.stderr is not None
-    line = child.stderr.readline()
+    line = first_line(child.stderr.fileno())
     assert line.startswith(f"ralph-mail: note: {agent} answers with sh".encode()), line
     return child
+
+
+def first_line(fd: int) -> bytes:
+    """The next line from descriptor ``fd``, read a byte at a time: what follows it stays
+    in the pipe for `Popen.communicate`, which reads the descriptor itself (a buffered
+    ``readline`` would keep the lines after it, and they would be lost)."""
+    line = b""
+    while not line.endswith(b"\n") and (byte := os.read(fd, 1)):
+        line += byte
+    return line
 
 
 def ask(home: Path, to: str, question: str, *options: str) -> subprocess.CompletedProcess[bytes]:
