@@ -432,10 +432,7 @@ class Consuming:
             ...     handle(message)
             ...     bus.commit(message)
         """
-        attempt = self.poll if consume else self.peek
-        if timeout != 0 and not self._pending and self._watcher and self._watcher.caught_up():
-            return self._wait(attempt, timeout, stop, first=False) or []  # (a round trip less)
-        return self._wait(attempt, timeout, stop) or []
+        return self._wait(self.poll if consume else self.peek, timeout, stop) or []
 
     def wait_for_message(
         self,
@@ -459,17 +456,14 @@ class Consuming:
         return self._wait(lambda: self._first(kind, consume), timeout, stop)
 
     def _wait(
-        self,
-        attempt: Callable[[], _T],
-        timeout: float | None,
-        stop: StopEvent | None,
-        *,
-        first: bool = True,
+        self, attempt: Callable[[], _T], timeout: float | None, stop: StopEvent | None
     ) -> _T | None:
-        """``attempt()`` until it finds something, between waits. ``first=False``: the
-        waiter is caught up (`Waiter.caught_up`), so the wait comes before the first
-        attempt (it returns at once when mail is waiting)."""
-        found = attempt() if first else None
+        """``attempt()`` until it finds something, between waits. With nothing read and
+        left pending, a waiter that is caught up (`Waiter.caught_up`) is waited on before
+        the first attempt: it returns at once when mail came, and a read is saved."""
+        caught_up = (timeout != 0 and not self._pending and self._watcher is not None
+                     and self._watcher.caught_up())  # fmt: skip
+        found = None if caught_up else attempt()
         if found or timeout == 0:
             return found
         started = time.monotonic()

@@ -23,6 +23,7 @@ import json
 import re
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Final
 
 import orjson
@@ -77,8 +78,6 @@ def _ordinal(msg: Reply) -> int:
 #: How many index messages more than twice the entries asked for `Logs.index_tail` looks
 #: at, for batches written late (a few writers, each with a batch behind).
 INDEX_SLACK: Final = 8
-#: No index has more messages than this.
-ALL_MESSAGES: Final = 1 << 62
 
 
 def _entry(raw: bytes) -> tuple[str, int, int] | None:
@@ -539,17 +538,18 @@ class Logs(Claims):
         subject = self._subject(f"ix:{key}")
         seq = self._seqs.get(self._subject(agent), {}).get(offset, 0)  # (a line I stored)
         entry = orjson.dumps([agent, offset, length])
-        with pending_lock():
-            idle = not self._queued and not self._outbox
-            self._queued.setdefault(subject, []).append((entry, seq))
-        if idle:  # what comes while it waits to be sent goes with it
-            later(self._send_out)
+        self._queue(lambda: self._queued.setdefault(subject, []).append((entry, seq)))
 
     def _post(self, subject: str, payload: bytes) -> None:
         """Publish ``payload`` in the background, with what else is queued then."""
+        self._queue(lambda: self._outbox.append((subject, payload)))
+
+    def _queue(self, add: Callable[[], None]) -> None:
+        """``add()`` a write to what `_send_out` sends next, and have it sent when
+        nothing was queued (what comes while it waits to be sent goes with it)."""
         with pending_lock():
             idle = not self._queued and not self._outbox
-            self._outbox.append((subject, payload))
+            add()
         if idle:
             later(self._send_out)
 
@@ -591,7 +591,7 @@ class Logs(Claims):
         flush()
         found: list[tuple[int, tuple[str, int, int]]] = []
         ordered = True
-        window = min(2 * count + INDEX_SLACK, ALL_MESSAGES) if count else 0
+        window = 2 * count + INDEX_SLACK if count else 0
         for msg in self._index_tail(self._subject(f"ix:{key}"), window):
             raws = msg.data.split(b"\n")
             seqs = _seqs_of(msg, len(raws))
