@@ -3,6 +3,7 @@ processes through the command line, retried sends, a server restart, doctor."""
 
 from __future__ import annotations
 
+import queue
 import subprocess
 import sys
 import threading
@@ -302,21 +303,24 @@ def test_a_waiter_whose_consumer_the_server_forgot_makes_it_again(home: Path) ->
 
 def _trips(monkeypatch: pytest.MonkeyPatch, pulled: Callable[[], object]) -> list[str]:
     """The subjects of the round trips this thread makes from now on (`Wire.request`,
-    `Wire.many`); ``pulled()`` is called on another thread at the first pull."""
+    `Wire.many`, a pull asked for: `Wire._pull`), and "pull" where it first waits for
+    a pull's line (`Wire.pulled`); ``pulled()`` is called on another thread then."""
     from ralph_mail.store.nats.wire import Wire
 
     trips: list[str] = []
     me = threading.get_ident()
-    for name in ("request", "many"):
+    for name in ("request", "many", "_pull", "pulled"):
         made = getattr(Wire, name)
 
-        def counted(wire: Wire, ask: object, *args: object, _made: Any = made, **kw: Any) -> Any:
+        def counted(wire: Wire, ask: object, *args: object, _made: Any = made,
+                    _name: str = name, **kw: Any) -> Any:  # fmt: skip
             if threading.get_ident() == me:
-                subject = ask if isinstance(ask, str) else "many"
-                if subject.startswith("$JS.API.CONSUMER.MSG.NEXT.") and "pull" not in trips:
-                    trips.append("pull")
-                    threading.Thread(target=pulled).start()  # (stored once the pull is out)
-                trips.append(str(subject))
+                if _name == "pulled":
+                    if "pull" not in trips:
+                        trips.append("pull")
+                        threading.Thread(target=pulled).start()  # (stored as it waits)
+                else:
+                    trips.append(ask if isinstance(ask, str) else "many")
             return _made(wire, ask, *args, **kw)
 
         monkeypatch.setattr(Wire, name, counted)
@@ -354,13 +358,18 @@ def test_a_wait_woken_by_the_last_line_reads_it_without_asking_the_server_again(
         assert trips[0].startswith("$JS.API.DIRECT.GET."), trips  # poll asks the server
 
 
+@pytest.mark.parametrize("batch", [16, 1], ids=["pull-standing", "pull-ended"])
 def test_a_wait_after_lines_read_without_it_is_woken_by_news_alone(
-    home: Path, monkeypatch: pytest.MonkeyPatch
+    home: Path, monkeypatch: pytest.MonkeyPatch, batch: int
 ) -> None:
-    """Lines that came while nobody waited are read, not pulled: the waiter's consumer
-    is behind by them. The next wait skips them without returning (it starts its
-    consumer again after them), and is woken by the line sent while it waits, which it
-    brings: no read of the inbox after the pull."""
+    """Lines that came while nobody waited are read, not pulled. The next wait skips
+    them without returning, and is woken by the line sent while it waits, which it
+    brings: no read of the inbox after the pull. Its standing pull brought them as they
+    came, and it drops them; or its pull had ended (here after one line), its consumer
+    is behind by the others, and it starts its consumer again after them."""
+    from ralph_mail.store.nats import waiter
+
+    monkeypatch.setattr(waiter, "PULL_BATCH", batch)
     url = fresh_nats()
     create_team("demo", ["lead", "w"], home=home, backend=url)
     with MessageBus("demo", "lead", home, backend=url) as lead, \
@@ -376,7 +385,8 @@ def test_a_wait_after_lines_read_without_it_is_woken_by_news_alone(
         assert "DIRECT.GET" in trips[0], trips  # (not caught up: it read before waiting)
         after = trips[trips.index("pull") + 1 :]
         assert not [s for s in after if "DIRECT.GET" in s or s == "many"], trips
-        assert [s for s in after if "CONSUMER.CREATE" in s], trips  # (caught up at once)
+        made_again = [s for s in after if "CONSUMER.CREATE" in s]
+        assert bool(made_again) == (batch == 1), trips  # (caught up at once)
 
 
 def test_a_wait_whose_consumer_is_caught_up_pulls_first(
@@ -399,7 +409,7 @@ def test_a_wait_whose_consumer_is_caught_up_pulls_first(
         lead.send("w", "text", "while away")
         trips = _trips(monkeypatch, lambda: None)
         assert [m.content for m in bus.wait_for_messages(BOUND_S)] == ["while away"]
-        assert trips[:2] == ["pull", trips[1]] and "MSG.NEXT" in trips[1], trips
+        assert trips[0] == "pull", trips  # (no read first: its pull stands, and brings it)
         assert not [s for s in trips if "DIRECT.GET" in s], trips
         trips = _trips(monkeypatch, lambda: lead.send("w", "text", "news"))
         assert [m.content for m in bus.wait_for_messages(BOUND_S)] == ["news"]
@@ -469,6 +479,42 @@ def test_background_writes_queued_meanwhile_go_in_one_write(
         assert [m.id for m in w.history("lead", 10)] == [m.id for m in sent]
         background.flush()
         assert lead.receipts(sent[-1])[0].consumed_at is not None
+
+
+def test_background_writes_are_spaced_and_a_flush_does_not_wait(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first background write after a quiet spell goes at once; those that come
+    within `SPACING_S` of it wait and go together; a flush sends them without waiting
+    for the spacing (here one long enough to fail the test if it did)."""
+    from ralph_mail.store.nats import background
+    from ralph_mail.store.nats.wire import Wire
+
+    url = fresh_nats()
+    create_team("demo", ["lead", "w"], home=home, backend=url)
+    made, writes = Wire.publish_all, queue.SimpleQueue[list[str]]()
+
+    def recorded(wire: Wire, posts: list[Any], **kw: Any) -> Any:
+        done = made(wire, posts, **kw)
+        writes.put([subject for subject, _, _ in posts])
+        return done
+
+    monkeypatch.setattr(Wire, "publish_all", recorded)
+    pair = ".ix." + b"pair+lead+w".hex()
+    with MessageBus("demo", "lead", home, backend=url) as lead, \
+            MessageBus("demo", "w", home, backend=url) as w:  # fmt: skip
+        background.flush()  # (what opening the buses wrote; then a quiet thread)
+        monkeypatch.setattr(background, "_BACKGROUND", background._Background())
+        monkeypatch.setattr(background, "SPACING_S", 4 * BOUND_S)
+        while not writes.empty():
+            writes.get()
+        sent = [lead.send("w", "text", "first")]
+        assert any(s.endswith(pair) for s in writes.get(timeout=BOUND_S))  # at once
+        sent += [lead.send("w", "text", f"then {n}") for n in range(3)]
+        assert writes.empty()  # (held: the spacing is long)
+        background.flush()
+        assert writes.qsize() == 1, "the three sends' entries, in one write"
+        assert [m.id for m in w.history("lead", 10)] == [m.id for m in sent]
 
 
 def test_history_is_the_last_messages_while_background_writes_lag(

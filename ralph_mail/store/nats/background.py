@@ -3,19 +3,30 @@ a caller need not wait for (the message they point at, the cursor they follow, a
 stored already), made in the order they came on one thread of the process's own; a read
 that must see them (`flush`) waits for them first. A store sends what it queued meanwhile
 in one write (`Logs._send_out`). Cursors are not among them: a commit waits for its
-cursor (see `claims`)."""
+cursor (see `claims`).
+
+The writes are spaced: the first after a quiet spell goes at once, and one that comes
+sooner than `SPACING_S` after the last waits out the rest of it, gathering what comes
+meanwhile. A busy process (a replier answering asks back to back) so makes a write every
+few messages, not two for each: each write to the server costs both sides CPU time
+that, on a small machine, the messages themselves wait for. A `flush` does not wait
+for the spacing."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ralph_mail.store.nats.wire import REQUEST_S
+
+#: The least time between two background writes while they keep coming (see above).
+SPACING_S = 0.003
 
 #: Writes this process has under way in the background (index entries, commit times),
 #: made in order on one thread of their own.
@@ -24,15 +35,19 @@ _PENDING_LOCK = threading.Lock()
 
 
 class _Background:
-    """One daemon thread making writes in the order they came. Not an executor's: at
-    exit the interpreter would wait for every write still queued (10 s each, with the
-    server away); what `close` did not see done is left, as a crash would leave it."""
+    """One daemon thread making writes in the order they came, spaced (see above). Not
+    an executor's: at exit the interpreter would wait for every write still queued (10 s
+    each, with the server away); what `close` did not see done is left, as a crash
+    would leave it."""
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[tuple[concurrent.futures.Future[Any], Callable[[], Any]]]
         self._queue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._hurry = threading.Condition()
+        self._hurried = 0  # flushes waiting: no spacing meanwhile
+        self._last: float | None = None  # when the last write ended (monotonic)
 
     def submit(self, write: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
@@ -44,13 +59,36 @@ class _Background:
                 self._thread.start()
         return future
 
+    @contextlib.contextmanager
+    def hurried(self) -> Iterator[None]:
+        """No spacing while the block runs (a `flush` waiting)."""
+        with self._hurry:
+            self._hurried += 1
+            self._hurry.notify_all()
+        try:
+            yield
+        finally:
+            with self._hurry:
+                self._hurried -= 1
+
+    def _spaced(self) -> None:
+        """Wait out `SPACING_S` after the last write, unless a flush waits."""
+        if self._last is None:
+            return
+        due = self._last + SPACING_S
+        with self._hurry:
+            self._hurry.wait_for(lambda: self._hurried > 0 or time.monotonic() >= due,
+                                 max(0.0, due - time.monotonic()))  # fmt: skip
+
     def _run(self) -> None:
         while True:
             future, write = self._queue.get()
+            self._spaced()
             try:
                 future.set_result(write())
             except BaseException as exc:
                 future.set_exception(exc)
+            self._last = time.monotonic()
 
 
 _BACKGROUND = _Background()
@@ -85,10 +123,12 @@ def flush() -> None:
     a bus reads what another bus of the process wrote, as on files)."""
     with _PENDING_LOCK:
         pending, _PENDING[:] = list(_PENDING), []
+        background = _BACKGROUND
     deadline = time.monotonic() + REQUEST_S  # for them all (a server away: not each)
     for future in pending:
         try:
-            future.result(max(0.0, deadline - time.monotonic()))
+            with background.hurried():
+                future.result(max(0.0, deadline - time.monotonic()))
         except Exception as exc:
             import warnings
 

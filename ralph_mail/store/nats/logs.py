@@ -330,15 +330,15 @@ class Logs(Claims):
         so_far = self._read_so_far()
         so_far[subject] = max(so_far.get(subject, 0), seq)
 
-    def _pulled(self, message: Reply) -> tuple[int, int]:
+    def _pulled(self, message: Reply, asked: int) -> tuple[int, int]:
         """Keep a line a waiter pulled, for the read that follows (up to `KEPT_LINES` a
         subject, by offset, each with the offset of the next line: a line kept is a
         fact about the stream, so a read from one is served here, without a round
         trip); return its stream sequence and how many lines follow it in the consumer's
         subjects (its ``pending``, the last word of its ack subject before a v2 one's
         token). When none does, the read after it is answered too: nothing, as long as
-        that pull is still this thread's last round trip (the same read asked of the
-        server then)."""
+        this thread made no request since it came (``asked``: its count of requests
+        then), as a read asked of the server then would have been answered."""
         tokens = message.reply.split(".")  # $JS.ACK.[domain.account.]stream.consumer...
         seq = int(tokens[5] if len(tokens) == 9 else tokens[7])
         pending = int(tokens[8 if len(tokens) == 9 else 10])
@@ -352,7 +352,7 @@ class Logs(Claims):
             if len(kept) > KEPT_LINES:
                 del kept[next(iter(kept))]
         if not pending:
-            self._ends[message.subject] = (after, self._trips())
+            self._ends[message.subject] = (after, (self._trips()[0], asked))
         return seq, pending
 
     def _held(self, subject: str, offset: int, count: int) -> bytes | None:

@@ -73,6 +73,9 @@ PULL_IDLE_S: Final = 60.0
 PULL_MAX_S: Final = 5.0
 #: How often a wait that may be stopped (an MCP call cancelled) looks at its stop (s).
 PULL_STOP_S: Final = 0.1
+#: Lines one pull of a waiter asks for: it stands, across waits, until they came (or
+#: `PULL_MAX_S` passed), so a waiter woken again and again asks once every so many.
+PULL_BATCH: Final = 16
 #: Lines pulled by waiters kept for the reads that follow, a subject (see `_pulled`).
 KEPT_LINES: Final = 256
 #: Keys looked up one by one before the bucket's watch starts (see `NatsStore._watched`).
@@ -165,7 +168,6 @@ class TeamStream:
         *,
         batch: bool = False,
         timeout: float = REQUEST_S,
-        pull: bool = False,
     ) -> list[Reply]:
         """One round trip over this thread's `Wire` (no hop to the loop's thread). No
         responders (503) is JetStream off (said at once), the team gone (no team), or
@@ -173,8 +175,8 @@ class TeamStream:
         until ``timeout``, or for as long as the process is patient."""
         tries = Tries(time.monotonic() + timeout, f"the NATS server at {self.shown}")
         while True:
-            replies = self._round_trip(subject, payload, headers, batch, timeout, pull)
-            if pull or replies[0].status != "503":
+            replies = self._round_trip(subject, payload, headers, batch, timeout)
+            if replies[0].status != "503":
                 return replies
             self._no_responders(subject, tries)
 
@@ -185,11 +187,10 @@ class TeamStream:
         headers: dict[str, str] | None,
         batch: bool,
         timeout: float,
-        pull: bool,
     ) -> list[Reply]:
         again = _may_repeat(subject, headers)
         return self._on_wire(lambda wire: wire.request(
-            subject, payload, headers, batch=batch, again=again, timeout=timeout, pull=pull
+            subject, payload, headers, batch=batch, again=again, timeout=timeout
         ), timeout)  # fmt: skip
 
     def _on_wire(self, call: Callable[[Wire], _T], timeout: float) -> _T:
@@ -224,7 +225,7 @@ class TeamStream:
         if not subject.startswith("$JS.API."):  # a stream's subject: is the stream there?
             try:
                 probe = self._round_trip(f"$JS.API.STREAM.INFO.{self.stream}", b"{}", None,
-                                         False, TRY_S, False)[0]  # fmt: skip
+                                         False, TRY_S)[0]  # fmt: skip
             except StoreError:  # (no answer: as unavailable as the request)
                 probe = Reply({"Status": "408"})
             code = code_of(orjson.loads(probe.data)) if probe.status is None else None

@@ -1,43 +1,48 @@
 """A wait for the next line of some of a team's logs on NATS: a pull from an ephemeral
-consumer of their subjects, in the waiting thread itself, which the server holds until a
-line is stored."""
+consumer of their subjects, in the waiting thread itself, which stands on the server
+and brings each line as it is stored."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from ralph_mail.errors import StoreError
-from ralph_mail.store.nats.stream import PULL_IDLE_S, PULL_MAX_S, PULL_STOP_S
-from ralph_mail.store.nats.wire import TRY_S
+from ralph_mail.store.nats.stream import PULL_BATCH, PULL_IDLE_S, PULL_MAX_S, PULL_STOP_S
+from ralph_mail.store.nats.wire import TRY_S, Wire
 
 if TYPE_CHECKING:
     from ralph_mail.store.base import StopEvent
     from ralph_mail.store.nats.logs import Logs
+    from ralph_mail.store.nats.wire import Reply
 
 
 class Waiter:
-    """Waits in the caller's own thread: a pull of the next line stored in its subjects,
-    from a consumer of its own (memory, no acks), over the thread's `Wire`. The server
-    holds the pull until a line is stored or the wait is over, so nothing polls and no
-    other thread has to pass the news on; the line pulled is kept for the read that
-    follows. A consumer the server forgot (restarted; idle past `PULL_IDLE_S`) is made
-    again, and the wait returns for a read of what came meanwhile. On a cluster the
-    consumer lives on one server: one killed takes it along, and the pull is answered by
-    no one (no responders, or nothing), so a pull lasts `PULL_MAX_S` at most and its
-    answer is awaited a little longer; then the consumer is made again, from the
-    stream sequence after the last line pulled."""
+    """Waits in the caller's own thread: for the next line stored in its subjects, from
+    a consumer of its own (memory, no acks), over the thread's `Wire`. Its pull stands
+    on the server (`PULL_BATCH` lines, `PULL_MAX_S` at most: `Wire.pulled`) and each
+    line is sent as it is stored, so nothing polls, no other thread has to pass the news
+    on, and a waiter woken again and again does not ask anew each time; the line pulled
+    is kept for the read that follows. A consumer the server forgot (restarted; idle
+    past `PULL_IDLE_S`), or whose lines may have gone to a connection that broke, is
+    made again, and the wait returns for a read of what came meanwhile. On a cluster
+    the consumer lives on one server: one killed takes it along, and the pull is
+    answered by no one, so its end is awaited a little past `PULL_MAX_S`; then the
+    consumer is made again, from the stream sequence after the last line pulled. A
+    wait in another thread than the last, while the last one's pull stands, makes it
+    again too (that pull would take lines that thread no longer reads)."""
 
     def __init__(self, store: Logs, subjects: list[str]) -> None:
         self._store, self._subjects = store, subjects
         self._last = 0  # the last stream sequence pulled
         self._name = ""
+        self._wire: Wire | None = None  # the connection its pull stands on
         self._make()
 
     def _make(self) -> None:
+        self._forget()
         config: dict[str, Any] = {"ack_policy": "none", "mem_storage": True, "num_replicas": 1,
                                   "inactive_threshold": int(PULL_IDLE_S * 1e9)}  # fmt: skip
         if len(self._subjects) == 1:
@@ -58,33 +63,56 @@ class Waiter:
     def wait(self, timeout: float, stop: StopEvent | None = None) -> bool:
         deadline = time.monotonic() + timeout
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or (stop is not None and stop.is_set()):
+            now = time.monotonic()
+            if now >= deadline or (stop is not None and stop.is_set()):
                 return False
-            step = max(0.001, min(left, PULL_STOP_S if stop is not None else PULL_MAX_S))
-            pull = orjson.dumps({"batch": 1, "expires": int(step * 1e9)})
+            until = min(deadline, now + PULL_STOP_S) if stop is not None else deadline
             try:
-                if not self._name:  # (a server that did not answer the last making)
+                if not self._name or self._moved():  # (a server that did not answer)
                     self._make()
-                got = self._store._ask(f"$JS.API.CONSUMER.MSG.NEXT.{self._store.stream}."
-                                       f"{self._name}", pull, timeout=step + 2 * TRY_S,
-                                       pull=True)[0]  # fmt: skip
+                got = self._store._on_wire(functools.partial(self._next, until=until), PULL_MAX_S)
             except StoreError:
                 self._name = ""  # (made again below, once the server answers)
-                got = None
-            if got is not None and got.status is None:
-                seq, pending = self._store._pulled(got)
-                self._last = max(self._last, seq)
-                if seq > self._store.read_to(got.subject):
-                    return True
-                if pending:  # lines read already, more of them queued: skip them all
-                    self._catch_up()
-                continue  # (a line the store read before this pull: no news)
-            if got is not None and got.status == "408":
-                continue  # the pull expired with nothing: pull again
+            else:
+                if got is None and not self._overdue():
+                    continue  # (nothing yet: its stop looked at, it waits on)
+                if got is not None and got[0].status is None:
+                    seq, pending = self._store._pulled(*got)
+                    self._last = max(self._last, seq)
+                    if seq > self._store.read_to(got[0].subject):
+                        return True
+                    if pending:  # lines read already, more of them queued: skip them all
+                        self._catch_up()
+                    continue  # (a line the store read before this pull: no news)
+                if got is not None and got[0].status == "408":
+                    continue  # the pull expired with nothing: pull again
             with contextlib.suppress(StoreError):  # gone (or the server away): again
                 self._make()
             return True
+
+    def _next(self, wire: Wire, until: float) -> tuple[Reply, int] | None:
+        """The next line (or end) of the pull, by ``until``; its end awaited 2 `TRY_S`
+        at most past when it is due."""
+        self._wire = wire
+        due = wire.pulling(self._name) or time.monotonic() + PULL_MAX_S
+        subject = f"$JS.API.CONSUMER.MSG.NEXT.{self._store.stream}.{self._name}"
+        return wire.pulled(subject, self._name, PULL_BATCH, PULL_MAX_S,
+                           min(until, due + 2 * TRY_S))  # fmt: skip
+
+    def _overdue(self) -> bool:
+        """Its pull's end did not come in time: its consumer's server is gone."""
+        due = self._wire.pulling(self._name) if self._wire is not None else None
+        return due is not None and time.monotonic() >= due + 2 * TRY_S
+
+    def _moved(self) -> bool:
+        """Waiting in another thread than the last while that one's pull stands."""
+        wire = self._wire
+        return (wire is not None and wire is not Wire.for_thread(self._store.url)
+                and wire.pulling(self._name) is not None)  # fmt: skip
+
+    def _forget(self) -> None:
+        if self._wire is not None and self._name:
+            self._wire.forget(self._name)
 
     def caught_up(self) -> bool:
         """True when its consumer stands where the waiting thread stopped reading (the
@@ -110,6 +138,7 @@ class Waiter:
 
     def close(self) -> None:
         if self._name:
+            self._forget()
             stream, name, self._name = self._store.stream, self._name, ""
             with contextlib.suppress(StoreError):  # else it lapses after PULL_IDLE_S
                 self._store._ask(f"$JS.API.CONSUMER.DELETE.{stream}.{name}", timeout=2.0)

@@ -28,6 +28,7 @@ import socket
 import ssl
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar, Final, NamedTuple, TypeVar
@@ -71,6 +72,21 @@ class Reply:
     @property
     def status(self) -> str | None:
         return self.headers.get("Status")
+
+
+@dataclass
+class _Pull:
+    """A consumer's standing pull (see `Wire.pulled`): up to ``left`` more lines, until
+    ``due`` (monotonic), over connection number ``connection``; what came for it while
+    its thread awaited other answers, ``held``, each with the thread's request count
+    when it came."""
+
+    reply: bytes
+    left: int
+    due: float
+    connection: int
+    held: deque[tuple[Reply, int]] = field(default_factory=deque)
+    over: bool = False  # its lines all came, or its end did (a status)
 
 
 class WireError(ConnectionError):
@@ -190,6 +206,9 @@ class Wire:
         self._inbox = f"_INBOX.{os.urandom(8).hex()}"
         self.max_payload = 1 << 20  # what the server says when it is reached
         self.jetstream = True  # whether it says JetStream is on (its INFO's "jetstream")
+        self._connections = 0  # how many it made
+        self._pulls: dict[str, _Pull] = {}  # consumer name -> its standing pull
+        self._pulled_by: dict[bytes, str] = {}  # a standing pull's reply -> its consumer
 
     @classmethod
     def for_thread(cls, url: str) -> Wire:
@@ -241,6 +260,12 @@ class Wire:
         deadline = max(deadline, time.monotonic() + _HANDSHAKE_S)  # (patient: past it)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock, self._buf = sock, b""
+        self._connections += 1
+        for pull in self._pulls.values():  # lines may have come while none was open
+            if not pull.over:
+                pull.over = True
+                pull.held.append((Reply({"Status": "409", "Description": "Connection "
+                                         "Lost"}), self._asked))  # fmt: skip
         try:
             self._greet(where, deadline)
         except WireError:
@@ -323,7 +348,6 @@ class Wire:
         timeout: float = REQUEST_S,
         batch: bool = False,
         again: bool = False,
-        pull: bool = False,
     ) -> list[Reply]:
         """Publish ``payload`` to ``subject`` and return its answer: one message, or
         with ``batch`` every message up to the one carrying a status (a batched direct
@@ -331,12 +355,10 @@ class Wire:
         `TimeoutError` when no answer came in time. ``again``: a request that may be
         sent twice (a read, a publish the server deduplicates), sent again over a new
         connection, or when no answer came within `TRY_S` (a leader election lost it),
-        until ``timeout``, or for as long as the process is patient. ``pull``: a
-        consumer's next message, which comes under its own subject (a late one, of a
-        pull given up on, is as good: every message pulled is a stored line)."""
+        until ``timeout``, or for as long as the process is patient."""
 
         def attempt(deadline: float, answer_by: float) -> list[Reply]:
-            return self._request(subject, payload, headers, deadline, batch, pull, answer_by)
+            return self._request(subject, payload, headers, deadline, batch, answer_by)
 
         return self._tried(attempt, timeout, again)
 
@@ -472,7 +494,6 @@ class Wire:
         headers: dict[str, str] | None,
         deadline: float,
         batch: bool,
-        pull: bool = False,
         answer_by: float | None = None,
     ) -> list[Reply]:
         """One try: connect (until ``deadline``), send, and wait for the answer's first
@@ -485,7 +506,7 @@ class Wire:
         try:
             while True:
                 first = answer_by if answer_by is not None and not found else 0.0
-                answer = self._next(reply, deadline, pull, first)  # (the first by answer_by)
+                answer = self._next(reply, deadline, first)  # (the first by answer_by)
                 if not batch:
                     return [answer]
                 if answer.status is not None:
@@ -499,22 +520,29 @@ class Wire:
             self.close()
             raise WireError(f"lost the connection to {self.shown} ({exc})") from None
 
-    def _next(
-        self, reply: bytes, deadline: float, pull: bool = False, head_by: float = 0.0
-    ) -> Reply:
-        """The next message sent to ``reply`` (others, late answers, are dropped; with
-        ``pull``, a stored message pulled under its own subject is taken)."""
-        return self._next_of({reply}, deadline, pull, head_by)[1]
+    def _next(self, reply: bytes, deadline: float, head_by: float = 0.0) -> Reply:
+        """The next message sent to ``reply`` (others, late answers, are dropped; a
+        standing pull's are held for it)."""
+        return self._next_of({reply}, deadline, head_by)[1]
 
     def _next_of(
-        self, replies: set[bytes], deadline: float, pull: bool = False, head_by: float = 0.0
+        self, replies: set[bytes], deadline: float, head_by: float = 0.0
     ) -> tuple[bytes, Reply]:
         """The next message sent to one of ``replies``, and to which: its first line by
         ``head_by`` (when given: a try that may be given up sooner), the rest by
-        ``deadline``. A message cut off by the deadline closes the connection (the next
-        bytes on it would be read as the middle of that message)."""
+        ``deadline``. A standing pull's that come meanwhile are held for it."""
         while True:
-            line = self._line(head_by or deadline)
+            to, answer = self._message(head_by or deadline, deadline)
+            if to in replies:
+                return to, answer
+            self._hold(to, answer)
+
+    def _message(self, head_by: float, deadline: float) -> tuple[bytes, Reply]:
+        """The next message that comes, and its subject: its first line by ``head_by``,
+        the rest by ``deadline``. A message cut off by the deadline closes the
+        connection (the next bytes on it would be read as the middle of that message)."""
+        while True:
+            line = self._line(head_by)
             if line.startswith((b"MSG ", b"HMSG ")):
                 words = line.split()
                 total = int(words[-1])
@@ -526,8 +554,6 @@ class Wire:
                 head = int(words[-2]) if words[0] == b"HMSG" else 0
                 sizes = 2 if words[0] == b"HMSG" else 1  # MSG subject sid [reply] sizes
                 acked = words[3] if len(words) == 4 + sizes else b""
-                if words[1] not in replies and not (pull and acked.startswith(b"$JS.ACK.")):
-                    continue
                 return words[1], Reply(_headers(body[:head]) if head else {}, body[head:],
                                        words[1].decode(), acked.decode())  # fmt: skip
             if line == b"PING":
@@ -537,6 +563,76 @@ class Wire:
                 if why.startswith("Permissions Violation"):  # (the connection stays open)
                     raise Forbidden(f"the NATS server at {self.shown} refused it: {why}")
                 raise WireError(f"{self.shown}: {why}")
+
+    # -- standing pulls ---------------------------------------------------------------
+
+    def pulled(
+        self, subject: str, consumer: str, batch: int, expires: float, until: float
+    ) -> tuple[Reply, int] | None:
+        """The next line ``consumer`` brings (or the status that ended its pull), with
+        this thread's request count when it came; None when none came by ``until``.
+
+        A consumer's pull stands: up to ``batch`` lines within ``expires`` seconds, each
+        sent as it is stored; one is asked of ``subject`` (its next-messages API) when
+        none stands and nothing is held. So a waiter that waits again and again asks
+        once every ``batch`` lines, not once a wait; what comes while its thread awaits
+        other answers is held for it (``batch`` lines at most)."""
+        pull = self._pulls.get(consumer)
+        if pull is None or not (pull.held or self.pulling(consumer)):
+            pull = self._pull(subject, consumer, batch, expires)
+        try:
+            while not pull.held:
+                self._hold(*self._message(until, max(until, time.monotonic() + TRY_S)))
+        except TimeoutError:
+            if self._sock is None:  # (cut off: a connection that broke)
+                raise WireError(f"lost the connection to {self.shown}") from None
+            return None
+        except OSError as exc:
+            self.close()
+            raise WireError(f"lost the connection to {self.shown} ({exc})") from None
+        return pull.held.popleft()
+
+    def pulling(self, consumer: str) -> float | None:
+        """When the standing pull of ``consumer`` ends (monotonic), None when it has
+        none open over this connection."""
+        pull = self._pulls.get(consumer)
+        if pull is None or pull.over or self._sock is None:
+            return None
+        return pull.due if pull.connection == self._connections else None
+
+    def forget(self, consumer: str) -> None:
+        """Drop the standing pull of ``consumer`` (deleted, or made again) and what it
+        held: what comes for it from now on is dropped."""
+        pull = self._pulls.pop(consumer, None)
+        if pull is not None:
+            self._pulled_by.pop(pull.reply, None)
+
+    def _pull(self, subject: str, consumer: str, batch: int, expires: float) -> _Pull:
+        self.forget(consumer)
+        reply = self._reply()
+        ask = json.dumps({"batch": batch, "expires": int(expires * 1e9)}).encode()
+        frame, body = self._frame(subject, reply, ask, None)
+        self._publish(frame, body, time.monotonic() + REQUEST_S)
+        pull = _Pull(reply, batch, time.monotonic() + expires, self._connections)
+        self._pulls[consumer], self._pulled_by[reply] = pull, consumer
+        return pull
+
+    def _hold(self, to: bytes, message: Reply) -> None:
+        """Keep ``message``, sent to ``to``, for the standing pull it belongs to (a line
+        it brought names its consumer in its ack subject; its end comes to its reply);
+        drop it when none (a late answer, a pull forgotten)."""
+        if message.reply.startswith("$JS.ACK."):
+            tokens = message.reply.split(".")  # $JS.ACK.[domain.account.]stream.consumer...
+            pull = self._pulls.get(tokens[3] if len(tokens) == 9 else tokens[5])
+            if pull is not None and not pull.over:
+                pull.left -= 1
+                pull.over = pull.left <= 0
+                pull.held.append((message, self._asked))
+            return
+        consumer = self._pulled_by.pop(to, None)
+        if consumer is not None and consumer in self._pulls:
+            self._pulls[consumer].over = True
+            self._pulls[consumer].held.append((message, self._asked))
 
     # -- bytes ------------------------------------------------------------------------
 
