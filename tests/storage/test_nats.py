@@ -3,6 +3,7 @@ processes through the command line, retried sends, a server restart, doctor."""
 
 from __future__ import annotations
 
+import gc
 import queue
 import subprocess
 import sys
@@ -414,6 +415,81 @@ def test_a_wait_whose_consumer_is_caught_up_pulls_first(
         trips = _trips(monkeypatch, lambda: lead.send("w", "text", "news"))
         assert [m.content for m in bus.wait_for_messages(BOUND_S)] == ["news"]
         assert trips[0] == "pull" and not [s for s in trips if "DIRECT.GET" in s], trips
+
+
+def test_standing_pulls_hold_no_more_than_a_batch_and_nothing_once_closed(home: Path) -> None:
+    """A waiter's pull stands on its thread's connection: what comes for it while the
+    thread makes other requests is held there, a batch at most (`PULL_BATCH`), and a
+    waiter closed leaves nothing behind, however many came and went."""
+    from ralph_mail.store import backend
+    from ralph_mail.store.nats.stream import PULL_BATCH
+    from ralph_mail.store.nats.wire import Wire
+
+    url = fresh_nats()
+    create_team("demo", ["lead", "w"], home=home, backend=url)
+    store = backend(home, url).team_store("demo")
+    wire = Wire.for_thread(url)
+    before = set(wire._pulls)  # (those of buses other tests left open)
+    with MessageBus("demo", "lead", home, backend=url) as lead:
+        for n in range(40):
+            waiter = store.waiter(["w"])
+            assert not waiter.wait(0.01)  # (its pull stands from here on)
+            lead.send("w", "text", f"{n}")  # (this thread: held while the send's ack comes)
+            assert waiter.wait(BOUND_S)
+            waiter.close()
+        assert set(wire._pulls) == before
+        waiter = store.waiter(["w"])
+        try:
+            assert not waiter.wait(0.01)
+            for n in range(3 * PULL_BATCH):
+                lead.send("w", "text", f"more {n}")
+            held = wire._pulls[waiter._name].held
+            assert 0 < len(held) <= PULL_BATCH
+        finally:
+            waiter.close()
+    assert set(wire._pulls) == before and set(wire._pulled_by.values()) <= before
+    del waiter  # dropped without a close: its pull is forgotten all the same
+    waiter = store.waiter(["w"])
+    assert not waiter.wait(0.01) and waiter._name in wire._pulls
+    name = waiter._name
+    del waiter
+    gc.collect()
+    assert name not in wire._pulls
+    store.close()
+
+
+def test_a_wait_in_another_thread_than_the_last_starts_its_consumer_again(home: Path) -> None:
+    """A line that came while the waiter's pull stood on another thread's connection
+    went there: a wait in this thread makes the consumer again and returns at once (for
+    a read of what came), and the waits after it are woken by this thread's pull."""
+    from ralph_mail.store import backend
+    from ralph_mail.store.nats.wire import Wire
+
+    url = fresh_nats()
+    create_team("demo", ["lead", "w"], home=home, backend=url)
+    store = backend(home, url).team_store("demo")
+    waiter = store.waiter(["w"])
+    wires: list[Wire] = []
+    try:
+        with MessageBus("demo", "lead", home, backend=url) as lead:
+            elsewhere = threading.Thread(
+                target=lambda: (waiter.wait(0.01), wires.append(Wire.for_thread(url)))
+            )
+            elsewhere.start()  # (its pull stands on that thread's connection)
+            elsewhere.join(BOUND_S)
+            first = waiter._name
+            assert first in wires[0]._pulls
+            lead.send("w", "text", "while it stood there")
+            assert waiter.wait(BOUND_S)  # at once, for a read
+            assert waiter._name != first and first not in wires[0]._pulls
+            sending = threading.Timer(0.05, lead.send, args=("w", "text", "news"))
+            sending.start()
+            assert waiter.wait(BOUND_S)
+            sending.join(BOUND_S)
+            assert waiter._name in Wire.for_thread(url)._pulls
+    finally:
+        waiter.close()
+        store.close()
 
 
 def test_lines_read_by_another_thread_wake_a_waiter(home: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from ralph_mail.errors import StoreError
@@ -32,13 +33,18 @@ class Waiter:
     answered by no one, so its end is awaited a little past `PULL_MAX_S`; then the
     consumer is made again, from the stream sequence after the last line pulled. A
     wait in another thread than the last, while the last one's pull stands, makes it
-    again too (that pull would take lines that thread no longer reads)."""
+    again too (that pull would take lines that thread no longer reads), and returns
+    for a read."""
 
     def __init__(self, store: Logs, subjects: list[str]) -> None:
         self._store, self._subjects = store, subjects
         self._last = 0  # the last stream sequence pulled
         self._name = ""
         self._wire: Wire | None = None  # the connection its pull stands on
+        # Where its pull stands, forgotten there when it is (`close`, or a waiter
+        # dropped without it: its connection outlives it, its thread's).
+        self._standing: list[tuple[Wire, str]] = []
+        weakref.finalize(self, _forget, self._standing)
         self._make()
 
     def _make(self) -> None:
@@ -67,11 +73,17 @@ class Waiter:
             if now >= deadline or (stop is not None and stop.is_set()):
                 return False
             until = min(deadline, now + PULL_STOP_S) if stop is not None else deadline
+            if self._moved():  # (that pull would take lines this thread never sees)
+                self.close()
+                with contextlib.suppress(StoreError):
+                    self._make()
+                return True  # (a read of what came meanwhile)
             try:
-                if not self._name or self._moved():  # (a server that did not answer)
+                if not self._name:  # (a server that did not answer the last making)
                     self._make()
                 got = self._store._on_wire(functools.partial(self._next, until=until), PULL_MAX_S)
             except StoreError:
+                self._forget()
                 self._name = ""  # (made again below, once the server answers)
             else:
                 if got is None and not self._overdue():
@@ -93,7 +105,7 @@ class Waiter:
     def _next(self, wire: Wire, until: float) -> tuple[Reply, int] | None:
         """The next line (or end) of the pull, by ``until``; its end awaited 2 `TRY_S`
         at most past when it is due."""
-        self._wire = wire
+        self._wire, self._standing[:] = wire, [(wire, self._name)]
         due = wire.pulling(self._name) or time.monotonic() + PULL_MAX_S
         subject = f"$JS.API.CONSUMER.MSG.NEXT.{self._store.stream}.{self._name}"
         return wire.pulled(subject, self._name, PULL_BATCH, PULL_MAX_S,
@@ -111,8 +123,7 @@ class Waiter:
                 and wire.pulling(self._name) is not None)  # fmt: skip
 
     def _forget(self) -> None:
-        if self._wire is not None and self._name:
-            self._wire.forget(self._name)
+        _forget(self._standing)
 
     def caught_up(self) -> bool:
         """True when its consumer stands where the waiting thread stopped reading (the
@@ -142,3 +153,10 @@ class Waiter:
             stream, name, self._name = self._store.stream, self._name, ""
             with contextlib.suppress(StoreError):  # else it lapses after PULL_IDLE_S
                 self._store._ask(f"$JS.API.CONSUMER.DELETE.{stream}.{name}", timeout=2.0)
+
+
+def _forget(standing: list[tuple[Wire, str]]) -> None:
+    """Drop a waiter's standing pull where it stands (see `Wire.forget`)."""
+    for wire, name in standing:
+        wire.forget(name)
+    standing.clear()

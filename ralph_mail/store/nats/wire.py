@@ -261,7 +261,7 @@ class Wire:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock, self._buf = sock, b""
         self._connections += 1
-        for pull in self._pulls.values():  # lines may have come while none was open
+        for pull in list(self._pulls.values()):  # lines may have come while none was open
             if not pull.over:
                 pull.over = True
                 pull.held.append((Reply({"Status": "409", "Description": "Connection "
