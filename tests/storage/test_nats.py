@@ -492,6 +492,34 @@ def test_a_wait_in_another_thread_than_the_last_starts_its_consumer_again(home: 
         store.close()
 
 
+def test_a_standing_pull_whose_connection_broke_wakes_its_waiter(home: Path) -> None:
+    """A line the server sent to a standing pull as its connection broke is lost to it
+    (its consumer counts it delivered, with no acks): so a wait after the break makes its
+    consumer again and returns at once, for a read that finds what came."""
+    from ralph_mail.store import backend
+    from ralph_mail.store.nats.wire import Wire
+
+    url = fresh_nats()
+    create_team("demo", ["lead", "w"], home=home, backend=url)
+    store = backend(home, url).team_store("demo")
+    waiter = store.waiter(["w"])
+    try:
+        with MessageBus("demo", "lead", home, backend=url) as lead:
+            assert not waiter.wait(0.01)  # (its pull stands)
+            Wire.for_thread(url).close()  # (as a request that met a broken one does)
+            elsewhere = threading.Thread(target=lead.send, args=("w", "text", "meanwhile"))
+            elsewhere.start()  # (another thread's connection: this one stays closed)
+            elsewhere.join(BOUND_S)
+            first = waiter._name
+            assert waiter.wait(BOUND_S)
+            assert waiter._name != first
+            data, _ = store.read("w", 0)
+            assert b"meanwhile" in data
+    finally:
+        waiter.close()
+        store.close()
+
+
 def test_lines_read_by_another_thread_wake_a_waiter(home: Path) -> None:
     """What a waiter skips is what its own thread read: a line another thread of the
     process read (a history, a page) is still news to it."""

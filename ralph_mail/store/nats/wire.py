@@ -261,11 +261,6 @@ class Wire:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock, self._buf = sock, b""
         self._connections += 1
-        for pull in list(self._pulls.values()):  # lines may have come while none was open
-            if not pull.over:
-                pull.over = True
-                pull.held.append((Reply({"Status": "409", "Description": "Connection "
-                                         "Lost"}), self._asked))  # fmt: skip
         try:
             self._greet(where, deadline)
         except WireError:
@@ -576,8 +571,13 @@ class Wire:
         sent as it is stored; one is asked of ``subject`` (its next-messages API) when
         none stands and nothing is held. So a waiter that waits again and again asks
         once every ``batch`` lines, not once a wait; what comes while its thread awaits
-        other answers is held for it (``batch`` lines at most)."""
+        other answers is held for it (``batch`` lines at most). A pull whose connection
+        broke ends with a status of its own (409, "Connection Lost"): what was sent to
+        it meanwhile is lost, and its consumer must be made again."""
         pull = self._pulls.get(consumer)
+        if pull is not None and not (pull.held or pull.over or self.pulling(consumer)):
+            pull.over = True  # its connection broke: lines sent to it meanwhile are lost
+            return Reply({"Status": "409", "Description": "Connection Lost"}), self._asked
         if pull is None or not (pull.held or self.pulling(consumer)):
             pull = self._pull(subject, consumer, batch, expires)
         try:
