@@ -520,6 +520,33 @@ def test_a_standing_pull_whose_connection_broke_wakes_its_waiter(home: Path) -> 
         store.close()
 
 
+def test_what_a_store_keeps_of_the_lines_it_met_is_bounded(home: Path) -> None:
+    """A long-lived store keeps, of each subject, the stream sequences of the newest
+    offsets it met (`SEQS_KEPT`) and the newest lines its waiters pulled (`KEPT_LINES`,
+    `KEPT_BYTES`): no more, however many messages it handles."""
+    from ralph_mail.store.nats.stream import KEPT_BYTES, KEPT_LINES, SEQS_KEPT
+
+    url = fresh_nats()
+    create_team("demo", ["lead", "w"], home=home, backend=url)
+    with MessageBus("demo", "lead", home, backend=url) as lead, \
+            MessageBus("demo", "w", home, backend=url) as w:  # fmt: skip
+        for n in range(3 * SEQS_KEPT):
+            lead.send("w", "text", f"{n}")
+        assert len(w.poll()) == 3 * SEQS_KEPT
+        for text in [*map(str, range(KEPT_LINES + 8)), *(f"{n}" * (KEPT_BYTES // 3)
+                                                       for n in range(4))]:  # fmt: skip
+            sending = threading.Timer(0.005, lead.send, args=("w", "text", text))
+            sending.start()  # (while it waits: the line comes with the pull, and is kept)
+            assert [m.content for m in w.wait_for_messages(BOUND_S)] == [text]
+            sending.join(BOUND_S)
+        stores: list[Any] = [lead.store, w.store]
+        assert all(len(known) <= SEQS_KEPT for s in stores for known in s._seqs.values())
+        kept = [lines for s in stores for lines in s._kept.values()]
+        assert kept and all(len(lines) <= KEPT_LINES for lines in kept)
+        assert all(sum(len(line) for line, _, _ in lines.values()) <= KEPT_BYTES
+                   for lines in kept)  # fmt: skip
+
+
 def test_lines_read_by_another_thread_wake_a_waiter(home: Path) -> None:
     """What a waiter skips is what its own thread read: a line another thread of the
     process read (a history, a page) is still news to it."""

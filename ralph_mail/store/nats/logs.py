@@ -37,6 +37,7 @@ from ralph_mail.store.nats.names import kv_key, untoken
 from ralph_mail.store.nats.stream import (
     APPEND_TRIES,
     INDEX_PROBE,
+    KEPT_BYTES,
     KEPT_LINES,
     LINE_BOUND,
     READ_BATCH,
@@ -331,12 +332,12 @@ class Logs(Claims):
         so_far[subject] = max(so_far.get(subject, 0), seq)
 
     def _pulled(self, message: Reply, asked: int) -> tuple[int, int]:
-        """Keep a line a waiter pulled, for the read that follows (up to `KEPT_LINES` a
-        subject, by offset, each with the offset of the next line: a line kept is a
-        fact about the stream, so a read from one is served here, without a round
-        trip); return its stream sequence and how many lines follow it in the consumer's
-        subjects (its ``pending``, the last word of its ack subject before a v2 one's
-        token). When none does, the read after it is answered too: nothing, as long as
+        """Keep a line a waiter pulled, for the read that follows (up to `KEPT_LINES`
+        and `KEPT_BYTES` a subject, by offset, each with the offset of the next line: a
+        line kept is a fact about the stream, so a read from one is served here, without
+        a round trip); return its stream sequence and how many lines follow it in the
+        consumer's subjects (its ``pending``, the last word of its ack subject before a
+        v2 one's token). When none does, the read after it is answered too: nothing, as long as
         this thread made no request since it came (``asked``: its count of requests
         then), as a read asked of the server then would have been answered."""
         tokens = message.reply.split(".")  # $JS.ACK.[domain.account.]stream.consumer...
@@ -349,7 +350,9 @@ class Logs(Claims):
         with self._kept_lock:
             kept = self._kept.setdefault(message.subject, {})
             kept[offset] = (message.data, seq, after)
-            if len(kept) > KEPT_LINES:
+            while len(kept) > KEPT_LINES or (
+                len(kept) > 1 and sum(len(line) for line, _, _ in kept.values()) > KEPT_BYTES
+            ):
                 del kept[next(iter(kept))]
         if not pending:
             self._ends[message.subject] = (after, (self._trips()[0], asked))

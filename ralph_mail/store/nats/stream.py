@@ -76,8 +76,14 @@ PULL_STOP_S: Final = 0.1
 #: Lines one pull of a waiter asks for: it stands, across waits, until they came (or
 #: `PULL_MAX_S` passed), so a waiter woken again and again asks once every so many.
 PULL_BATCH: Final = 16
-#: Lines pulled by waiters kept for the reads that follow, a subject (see `_pulled`).
-KEPT_LINES: Final = 256
+#: Lines pulled by waiters kept for the reads that follow, a subject (see `_pulled`):
+#: this many at most, and of this many bytes (the newest line is kept whatever its size).
+KEPT_LINES: Final = 32
+KEPT_BYTES: Final = 1 << 20
+#: Offsets whose stream sequence a store keeps, a subject: the newest it met (its
+#: appends, where its reads stopped, a cursor's floor), which the next read or commit
+#: looks up; an older one is found by bisection.
+SEQS_KEPT: Final = 64
 #: Keys looked up one by one before the bucket's watch starts (see `NatsStore._watched`).
 WATCH_AFTER: Final = 8
 #: Bytes a line of a log takes at most, its newline included: above NATS's own ceiling
@@ -341,9 +347,9 @@ class TeamStream:
 
     def _remember(self, subject: str, offset: int, seq: int) -> None:
         known = self._seqs.setdefault(subject, {})
-        if len(known) > 100_000:
-            known.clear()
         known[offset] = seq
+        if len(known) > SEQS_KEPT:
+            del known[next(iter(known))]
 
     def _acked_all(self, posts: list[tuple[str, bytes, dict[str, str] | None]]) -> None:
         """Publish each ``(subject, payload, headers)`` with its ack, all in one write
