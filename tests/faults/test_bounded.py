@@ -19,6 +19,7 @@ from ralph_mail.store.files import FileStore
 from ralph_mail.store.files.indexes import KEPT, THREAD_BUCKETS
 from ralph_mail.store.files.records import PRESENCE_KEPT
 from ralph_mail.store.files.team import LOGS_KEPT
+from tests.helpers.backends import fresh_nats
 from tests.helpers.processes import BOUND_S, Processes, cli_env
 
 #: The descriptor limit each child runs under (macOS's default soft limit).
@@ -90,6 +91,25 @@ def test_a_responder_and_its_asker_answer_3000_asks_under_256_descriptors(
     assert int(out) < HELD_MAX
     files = _index_files(team)
     assert len(files) <= THREAD_BUCKETS + 2, files  # the buckets, the pair, no file a thread
+
+
+def test_on_nats_a_responder_and_its_asker_answer_3000_asks_under_256_descriptors(
+    home: Path, procs: Processes
+) -> None:
+    """The same on a NATS server: each side holds its connections, its waiter's
+    standing pull and the watch of the bucket, and no more after 3,000 asks."""
+    url = fresh_nats()
+    create_team("demo", ["lead", "worker-1"], home=home, backend=url)
+    env = cli_env(home, RALPH_BACKEND=url)
+    responder = procs.python(RESPONDER, "3000", env=env)
+    assert responder.stdout is not None and responder.stdout.readline() == b"ready\n"
+    asker = procs.python(ASKER, "3000", env=env)
+    out, err = asker.communicate(timeout=BOUND_S * 2)
+    assert asker.returncode == 0, err.decode()[-2000:]
+    assert int(out) < HELD_MAX
+    out, err = responder.communicate(timeout=BOUND_S)
+    assert responder.returncode == 0, err.decode()[-2000:]
+    assert int(out) < HELD_MAX
 
 
 def test_a_runner_answers_600_asks_from_short_lived_askers_under_256_descriptors(
