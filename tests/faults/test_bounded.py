@@ -72,14 +72,9 @@ def _index_files(team: Team) -> list[str]:
     return sorted(os.listdir(team.home / "teams" / team.name / "index"))
 
 
-def test_a_responder_and_its_asker_answer_3000_asks_under_256_descriptors(
-    team: Team, procs: Processes
-) -> None:
-    """Two long-lived buses, an asker and a responder, each limited to 256 descriptors:
-    3,000 asks are answered, each ends holding fewer than HELD_MAX descriptors, and the
-    team's index holds a fixed set of files, not one per thread."""
-    asks = 3000
-    env = cli_env(team.home)
+def _answer_asks(procs: Processes, env: dict[str, str], asks: int) -> None:
+    """`RESPONDER` answers ``asks`` asks of `ASKER`, each under `LIMIT` descriptors,
+    and each ends holding fewer than `HELD_MAX`."""
     responder = procs.python(RESPONDER, str(asks), env=env)
     assert responder.stdout is not None and responder.stdout.readline() == b"ready\n"
     asker = procs.python(ASKER, str(asks), env=env)
@@ -89,6 +84,15 @@ def test_a_responder_and_its_asker_answer_3000_asks_under_256_descriptors(
     out, err = responder.communicate(timeout=BOUND_S)
     assert responder.returncode == 0, err.decode()[-2000:]
     assert int(out) < HELD_MAX
+
+
+def test_a_responder_and_its_asker_answer_3000_asks_under_256_descriptors(
+    team: Team, procs: Processes
+) -> None:
+    """Two long-lived buses, an asker and a responder, each limited to 256 descriptors:
+    3,000 asks are answered, each ends holding fewer than HELD_MAX descriptors, and the
+    team's index holds a fixed set of files, not one per thread."""
+    _answer_asks(procs, cli_env(team.home), 3000)
     files = _index_files(team)
     assert len(files) <= THREAD_BUCKETS + 2, files  # the buckets, the pair, no file a thread
 
@@ -100,16 +104,7 @@ def test_on_nats_a_responder_and_its_asker_answer_3000_asks_under_256_descriptor
     standing pull and the watch of the bucket, and no more after 3,000 asks."""
     url = fresh_nats()
     create_team("demo", ["lead", "worker-1"], home=home, backend=url)
-    env = cli_env(home, RALPH_BACKEND=url)
-    responder = procs.python(RESPONDER, "3000", env=env)
-    assert responder.stdout is not None and responder.stdout.readline() == b"ready\n"
-    asker = procs.python(ASKER, "3000", env=env)
-    out, err = asker.communicate(timeout=BOUND_S * 2)
-    assert asker.returncode == 0, err.decode()[-2000:]
-    assert int(out) < HELD_MAX
-    out, err = responder.communicate(timeout=BOUND_S)
-    assert responder.returncode == 0, err.decode()[-2000:]
-    assert int(out) < HELD_MAX
+    _answer_asks(procs, cli_env(home, RALPH_BACKEND=url), 3000)
 
 
 def test_a_runner_answers_600_asks_from_short_lived_askers_under_256_descriptors(

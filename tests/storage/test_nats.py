@@ -3,13 +3,14 @@ processes through the command line, retried sends, a server restart, doctor."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import queue
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -458,66 +459,67 @@ def test_standing_pulls_hold_no_more_than_a_batch_and_nothing_once_closed(home: 
     store.close()
 
 
-def test_a_wait_in_another_thread_than_the_last_starts_its_consumer_again(home: Path) -> None:
-    """A line that came while the waiter's pull stood on another thread's connection
-    went there: a wait in this thread makes the consumer again and returns at once (for
-    a read of what came), and the waits after it are woken by this thread's pull."""
+@contextlib.contextmanager
+def _waiting_on_w(home: Path) -> Iterator[tuple[str, Any, Any]]:
+    """Team "demo" (lead, w) on a fresh server, a store of it and a waiter on w's inbox:
+    ``(url, store, waiter)``, both closed after."""
     from ralph_mail.store import backend
-    from ralph_mail.store.nats.wire import Wire
 
     url = fresh_nats()
     create_team("demo", ["lead", "w"], home=home, backend=url)
     store = backend(home, url).team_store("demo")
     waiter = store.waiter(["w"])
-    wires: list[Wire] = []
     try:
-        with MessageBus("demo", "lead", home, backend=url) as lead:
-            elsewhere = threading.Thread(
-                target=lambda: (waiter.wait(0.01), wires.append(Wire.for_thread(url)))
-            )
-            elsewhere.start()  # (its pull stands on that thread's connection)
-            elsewhere.join(BOUND_S)
-            first = waiter._name
-            assert first in wires[0]._pulls
-            lead.send("w", "text", "while it stood there")
-            assert waiter.wait(BOUND_S)  # at once, for a read
-            assert waiter._name != first and first not in wires[0]._pulls
-            sending = threading.Timer(0.05, lead.send, args=("w", "text", "news"))
-            sending.start()
-            assert waiter.wait(BOUND_S)
-            sending.join(BOUND_S)
-            assert waiter._name in Wire.for_thread(url)._pulls
+        yield url, store, waiter
     finally:
         waiter.close()
         store.close()
+
+
+def test_a_wait_in_another_thread_than_the_last_starts_its_consumer_again(home: Path) -> None:
+    """A line that came while the waiter's pull stood on another thread's connection
+    went there: a wait in this thread makes the consumer again and returns at once (for
+    a read of what came), and the waits after it are woken by this thread's pull."""
+    from ralph_mail.store.nats.wire import Wire
+
+    wires: list[Wire] = []
+    with _waiting_on_w(home) as (url, _, waiter), \
+            MessageBus("demo", "lead", home, backend=url) as lead:  # fmt: skip
+        elsewhere = threading.Thread(
+            target=lambda: (waiter.wait(0.01), wires.append(Wire.for_thread(url)))
+        )
+        elsewhere.start()  # (its pull stands on that thread's connection)
+        elsewhere.join(BOUND_S)
+        first = waiter._name
+        assert first in wires[0]._pulls
+        lead.send("w", "text", "while it stood there")
+        assert waiter.wait(BOUND_S)  # at once, for a read
+        assert waiter._name != first and first not in wires[0]._pulls
+        sending = threading.Timer(0.05, lead.send, args=("w", "text", "news"))
+        sending.start()
+        assert waiter.wait(BOUND_S)
+        sending.join(BOUND_S)
+        assert waiter._name in Wire.for_thread(url)._pulls
 
 
 def test_a_standing_pull_whose_connection_broke_wakes_its_waiter(home: Path) -> None:
     """A line the server sent to a standing pull as its connection broke is lost to it
     (its consumer counts it delivered, with no acks): so a wait after the break makes its
     consumer again and returns at once, for a read that finds what came."""
-    from ralph_mail.store import backend
     from ralph_mail.store.nats.wire import Wire
 
-    url = fresh_nats()
-    create_team("demo", ["lead", "w"], home=home, backend=url)
-    store = backend(home, url).team_store("demo")
-    waiter = store.waiter(["w"])
-    try:
-        with MessageBus("demo", "lead", home, backend=url) as lead:
-            assert not waiter.wait(0.01)  # (its pull stands)
-            Wire.for_thread(url).close()  # (as a request that met a broken one does)
-            elsewhere = threading.Thread(target=lead.send, args=("w", "text", "meanwhile"))
-            elsewhere.start()  # (another thread's connection: this one stays closed)
-            elsewhere.join(BOUND_S)
-            first = waiter._name
-            assert waiter.wait(BOUND_S)
-            assert waiter._name != first
-            data, _ = store.read("w", 0)
-            assert b"meanwhile" in data
-    finally:
-        waiter.close()
-        store.close()
+    with _waiting_on_w(home) as (url, store, waiter), \
+            MessageBus("demo", "lead", home, backend=url) as lead:  # fmt: skip
+        assert not waiter.wait(0.01)  # (its pull stands)
+        Wire.for_thread(url).close()  # (as a request that met a broken one does)
+        elsewhere = threading.Thread(target=lead.send, args=("w", "text", "meanwhile"))
+        elsewhere.start()  # (another thread's connection: this one stays closed)
+        elsewhere.join(BOUND_S)
+        first = waiter._name
+        assert waiter.wait(BOUND_S)
+        assert waiter._name != first
+        data, _ = store.read("w", 0)
+        assert b"meanwhile" in data
 
 
 def test_what_a_store_keeps_of_the_lines_it_met_is_bounded(home: Path) -> None:
@@ -550,13 +552,7 @@ def test_what_a_store_keeps_of_the_lines_it_met_is_bounded(home: Path) -> None:
 def test_lines_read_by_another_thread_wake_a_waiter(home: Path) -> None:
     """What a waiter skips is what its own thread read: a line another thread of the
     process read (a history, a page) is still news to it."""
-    from ralph_mail.store import backend
-
-    url = fresh_nats()
-    create_team("demo", ["lead", "w"], home=home, backend=url)
-    store = backend(home, url).team_store("demo")
-    waiter = store.waiter(["w"])
-    try:
+    with _waiting_on_w(home) as (url, store, waiter):
         with MessageBus("demo", "lead", home, backend=url) as lead:
             lead.send("w", "text", "hi")
         read: list[bytes] = []
@@ -565,9 +561,6 @@ def test_lines_read_by_another_thread_wake_a_waiter(home: Path) -> None:
         reading.join(BOUND_S)
         assert read and b'"hi"' in read[0]
         assert waiter.wait(BOUND_S)
-    finally:
-        waiter.close()
-        store.close()
 
 
 def test_background_writes_queued_meanwhile_go_in_one_write(
