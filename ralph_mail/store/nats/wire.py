@@ -629,10 +629,10 @@ class Wire:
                 pull.over = pull.left <= 0
                 pull.held.append((message, self._asked))
             return
-        consumer = self._pulled_by.pop(to, None)
-        if consumer is not None and consumer in self._pulls:
-            self._pulls[consumer].over = True
-            self._pulls[consumer].held.append((message, self._asked))
+        ended = self._pulls.get(self._pulled_by.pop(to, ""))  # (one look: a waiter may
+        if ended is not None:  # be closed by another thread meanwhile)
+            ended.over = True
+            ended.held.append((message, self._asked))
 
     # -- bytes ------------------------------------------------------------------------
 
