@@ -337,9 +337,9 @@ class Logs(Claims):
         line kept is a fact about the stream, so a read from one is served here, without
         a round trip); return its stream sequence and how many lines follow it in the
         consumer's subjects (its ``pending``, the last word of its ack subject before a
-        v2 one's token). When none does, the read after it is answered too: nothing, as long as
-        this thread made no request since it came (``asked``: its count of requests
-        then), as a read asked of the server then would have been answered."""
+        v2 one's token). When none does, the read after it is answered too: nothing, as
+        long as this thread made no request since it came (``asked``: its count of
+        requests then), as a read asked of the server then would have been answered."""
         tokens = message.reply.split(".")  # $JS.ACK.[domain.account.]stream.consumer...
         seq = int(tokens[5] if len(tokens) == 9 else tokens[7])
         pending = int(tokens[8 if len(tokens) == 9 else 10])
