@@ -125,14 +125,14 @@ def flush() -> None:
         pending, _PENDING[:] = list(_PENDING), []
         background = _BACKGROUND
     deadline = time.monotonic() + REQUEST_S  # for them all (a server away: not each)
-    for future in pending:
-        try:
-            with background.hurried():
+    with background.hurried():
+        for future in pending:
+            try:
                 future.result(max(0.0, deadline - time.monotonic()))
-        except Exception as exc:
-            import warnings
+            except Exception as exc:
+                import warnings
 
-            why = str(exc) or f"not done within {REQUEST_S:g} s"
-            warnings.warn(f"a background write failed ({why}): an index entry or a "
-                          "commit time is missing (history, threads or a receipt may miss "
-                          "it)", RuntimeWarning, stacklevel=3)  # fmt: skip
+                why = str(exc) or f"not done within {REQUEST_S:g} s"
+                warnings.warn(f"a background write failed ({why}): an index entry or a "
+                              "commit time is missing (history, threads or a receipt may "
+                              "miss it)", RuntimeWarning, stacklevel=3)  # fmt: skip

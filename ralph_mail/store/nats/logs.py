@@ -336,13 +336,13 @@ class Logs(Claims):
         and `KEPT_BYTES` a subject, by offset, each with the offset of the next line: a
         line kept is a fact about the stream, so a read from one is served here, without
         a round trip); return its stream sequence and how many lines follow it in the
-        consumer's subjects (its ``pending``, the last word of its ack subject before a
-        v2 one's token). When none does, the read after it is answered too: nothing, as
-        long as this thread made no request since it came (``asked``: its count of
-        requests then), as a read asked of the server then would have been answered."""
-        tokens = message.reply.split(".")  # $JS.ACK.[domain.account.]stream.consumer...
-        seq = int(tokens[5] if len(tokens) == 9 else tokens[7])
-        pending = int(tokens[8 if len(tokens) == 9 else 10])
+        consumer's subjects (`Reply.pulled`). When none does, the read after it is
+        answered too: nothing, as long as this thread made no request since it came
+        (``asked``: its count of requests then), as a read asked of the server then
+        would have been answered."""
+        brought = message.pulled()
+        assert brought is not None  # (a waiter passes the lines its consumer brought)
+        _, seq, pending = brought
         if not placed(message):  # (no line of the store's: the read sets it aside)
             return seq, pending
         offset = int(message.headers["Ralph-Offset"])

@@ -40,9 +40,9 @@ class Waiter:
         self._store, self._subjects = store, subjects
         self._last = 0  # the last stream sequence pulled
         self._name = ""
-        self._wire: Wire | None = None  # the connection its pull stands on
-        # Where its pull stands, forgotten there when it is (`close`, or a waiter
-        # dropped without it: its connection outlives it, its thread's).
+        # The connection its pull stands on, and its consumer's name: the pull is
+        # forgotten there when the waiter is closed, or dropped without a close (the
+        # connection is its thread's, and outlives it).
         self._standing: list[tuple[Wire, str]] = []
         weakref.finalize(self, _forget, self._standing)
         self._make()
@@ -105,22 +105,29 @@ class Waiter:
     def _next(self, wire: Wire, until: float) -> tuple[Reply, int] | None:
         """The next line (or end) of the pull, by ``until``; its end awaited 2 `TRY_S`
         at most past when it is due."""
-        self._wire, self._standing[:] = wire, [(wire, self._name)]
+        self._standing[:] = [(wire, self._name)]
         due = wire.pulling(self._name) or time.monotonic() + PULL_MAX_S
         subject = f"$JS.API.CONSUMER.MSG.NEXT.{self._store.stream}.{self._name}"
         return wire.pulled(subject, self._name, PULL_BATCH, PULL_MAX_S,
                            min(until, due + 2 * TRY_S))  # fmt: skip
 
+    def _due(self) -> tuple[Wire, float] | None:
+        """The connection its pull stands on, and when the pull ends; None: none stands."""
+        for wire, name in self._standing:
+            due = wire.pulling(name)
+            if due is not None:
+                return wire, due
+        return None
+
     def _overdue(self) -> bool:
         """Its pull's end did not come in time: its consumer's server is gone."""
-        due = self._wire.pulling(self._name) if self._wire is not None else None
-        return due is not None and time.monotonic() >= due + 2 * TRY_S
+        standing = self._due()
+        return standing is not None and time.monotonic() >= standing[1] + 2 * TRY_S
 
     def _moved(self) -> bool:
         """Waiting in another thread than the last while that one's pull stands."""
-        wire = self._wire
-        return (wire is not None and wire is not Wire.for_thread(self._store.url)
-                and wire.pulling(self._name) is not None)  # fmt: skip
+        standing = self._due()
+        return standing is not None and standing[0] is not Wire.for_thread(self._store.url)
 
     def _forget(self) -> None:
         _forget(self._standing)

@@ -73,6 +73,17 @@ class Reply:
     def status(self) -> str | None:
         return self.headers.get("Status")
 
+    def pulled(self) -> tuple[str, int, int] | None:
+        """For a line a consumer brought: that consumer, the line's stream sequence and
+        how many lines follow it in the consumer's subjects (its ack subject,
+        ``$JS.ACK.[domain.account.]stream.consumer.delivered.sseq.cseq.ts.pending``
+        [``.token``]); None for any other message."""
+        if not self.reply.startswith("$JS.ACK."):
+            return None
+        tokens = self.reply.split(".")
+        at = 2 if len(tokens) == 9 else 4  # (a v2 subject: domain and account first)
+        return tokens[at + 1], int(tokens[at + 3]), int(tokens[at + 6])
+
 
 @dataclass
 class _Pull:
@@ -621,9 +632,9 @@ class Wire:
         """Keep ``message``, sent to ``to``, for the standing pull it belongs to (a line
         it brought names its consumer in its ack subject; its end comes to its reply);
         drop it when none (a late answer, a pull forgotten)."""
-        if message.reply.startswith("$JS.ACK."):
-            tokens = message.reply.split(".")  # $JS.ACK.[domain.account.]stream.consumer...
-            pull = self._pulls.get(tokens[3] if len(tokens) == 9 else tokens[5])
+        brought = message.pulled()
+        if brought is not None:
+            pull = self._pulls.get(brought[0])
             if pull is not None and not pull.over:
                 pull.left -= 1
                 pull.over = pull.left <= 0
