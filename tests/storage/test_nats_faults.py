@@ -256,6 +256,30 @@ for attempt in ("commit", "peek"):
 """
 
 
+def test_a_stale_holder_does_not_renew_over_another_claim_of_the_same_revision(
+    home: Path,
+) -> None:
+    """A team deleted and made again numbers its writes from 1 again, so the revision a
+    stale holder renews its claim over can be another process's claim. The renewal
+    looks at the key first: the stale holder loses its claim, and the other keeps it."""
+    from ralph_mail.errors import ClaimLost
+
+    url = fresh_nats()
+    create_team("demo", ["lead", "w"], home=home, backend=url)
+    stale = store_of(home, url)
+    stale.claim("w")
+    other = orjson.dumps({"pid": 1, "host": "elsewhere", "until": time.time() + BOUND_S})
+    revision = stale._kv_write("claim.w", other)  # (the other's claim, as a new team's)
+    stale._claims["w"] = revision  # (the stale holder's revision is the same number)
+    try:
+        assert not stale._confirm("w")
+        assert stale.consumer("w") == 1
+        with pytest.raises(ClaimLost, match="taken by pid 1 on elsewhere"):
+            stale.hold("w")
+    finally:
+        stale.close()
+
+
 def test_a_consumer_paused_past_its_lease_is_fenced_off(home: Path, procs: Processes) -> None:
     """A consumer stopped (SIGSTOP, a long pause) until its claim lapsed, whose inbox a
     successor took and consumed meanwhile, gets a clear error when it resumes: it

@@ -9,7 +9,8 @@ successor that has since delivered the same messages: it must neither hand them 
 again nor move the cursor. So:
 
 * before a read hands lines to the owner (`hold`), a claim last confirmed more than half
-  a lease ago is confirmed again (renewed, over its revision: a round trip);
+  a lease ago is confirmed again (its key looked at, then renewed over its revision:
+  two round trips; see `_confirm`);
 * a cursor (``cursor.<agent>``) is written over the revision its holder last saw, and a
   new holder writes it once when it claims: a cursor write by a holder that lost its
   claim meets a revision it did not see, and fails.
@@ -233,17 +234,18 @@ class Claims(Bucket):
             raise ClaimLost(self._lost[agent])
 
     def _confirm(self, agent: str) -> bool:
-        """Renew my claim over the revision I last saw; False when another process
-        holds it now (it is then lost). Called by `hold` and the renewing thread."""
+        """Renew my claim, once the key still names me, over the revision it has; False
+        when another process holds it now (it is then lost). Called by `hold` and the
+        renewing thread. The look comes first: a revision alone is no proof, since a
+        team deleted and made again numbers its writes from 1 again, and a stale
+        holder's revision can be that of another's claim."""
         key = f"claim.{kv_key(agent)}"
         with self._claim_lock:
-            revision = self._claims.get(agent)
-        if revision is None:
-            return agent not in self._lost
-        value = self._lease()
-        renewed = self._kv_write(key, value, last=revision)
-        if renewed is None:
-            raw, renewed = self._kv_entry(key)
+            if agent not in self._claims:
+                return agent not in self._lost
+        renewed = None
+        for _ in range(2):  # (a write between my look and mine: look again)
+            raw, revision = self._kv_entry(key)
             holder = holder_of(raw)
             if holder is None or holder[:2] != self._me:  # (another store of mine: mine)
                 self._lose(
@@ -252,6 +254,11 @@ class Claims(Bucket):
                     + (f"pid {holder[0]} on {holder[1]}" if holder else "no one (released)"),
                 )
                 return False
+            renewed = self._kv_write(key, self._lease(), last=revision)
+            if renewed is not None:
+                break
+        if renewed is None:
+            return True  # (mine at the last look; renewed at the next)
         with self._claim_lock:
             if agent in self._claims:
                 self._claims[agent], self._confirmed[agent] = renewed, time.monotonic()
