@@ -543,10 +543,12 @@ def test_what_a_store_keeps_of_the_lines_it_met_is_bounded(home: Path) -> None:
             sending.join(BOUND_S)
         stores: list[Any] = [lead.store, w.store]
         assert all(len(known) <= SEQS_KEPT for s in stores for known in s._seqs.values())
-        kept = [lines for s in stores for lines in s._kept.values()]
-        assert kept and all(len(lines) <= KEPT_LINES for lines in kept)
-        assert all(sum(len(line) for line, _, _ in lines.values()) <= KEPT_BYTES
-                   for lines in kept)  # fmt: skip
+        kept = [(lines, s._kept_bytes[subject]) for s in stores
+                for subject, lines in s._kept.items()]  # fmt: skip
+        assert kept and all(len(lines) <= KEPT_LINES for lines, _ in kept)
+        sizes = [sum(len(line) for line, _, _ in lines.values()) for lines, _ in kept]
+        assert all(size <= KEPT_BYTES for size in sizes)
+        assert sizes == [counted for _, counted in kept]  # (the count kept as it goes)
 
 
 def test_lines_read_by_another_thread_wake_a_waiter(home: Path) -> None:

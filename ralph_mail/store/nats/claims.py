@@ -43,6 +43,11 @@ _CURSOR_TRIES = 100
 _HOST = socket.gethostname()
 
 
+def _half_lease_on() -> float:
+    """Half a lease from now (monotonic): how long a claim confirmed now is sure."""
+    return time.monotonic() + lease_s() / 2
+
+
 def whole(value: object) -> bool:
     """Whether ``value`` (from JSON) is a whole number >= 0."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
@@ -91,7 +96,8 @@ class Claims(Bucket):
     def __init__(self, url: str, team: str, *, durable: bool = False) -> None:
         super().__init__(url, team, durable=durable)
         self._claims: dict[str, int] = {}  # agent -> revision of my claim
-        self._confirmed: dict[str, float] = {}  # agent -> when it was last (monotonic)
+        self._sure_until: dict[str, float] = {}  # agent -> half a lease after its last
+        # confirmation (monotonic): until then, a claim needs no look (see `hold`)
         self._lost: dict[str, str] = {}  # agent -> why my claim is gone to another
         self._cursors: dict[str, int] = {}  # agent (claimed) -> its cursor's revision
         self._stamped: dict[str, Cursor] = {}  # agent -> the cursor its claim read
@@ -191,7 +197,7 @@ class Claims(Bucket):
                     continue
                 taken = now  # (a try of mine whose answer was lost)
             with self._claim_lock:
-                self._claims[agent], self._confirmed[agent] = taken, time.monotonic()
+                self._claims[agent], self._sure_until[agent] = taken, _half_lease_on()
                 self._lost.pop(agent, None)
             self._saw(key, value, taken)
             self._stamp(agent)
@@ -228,7 +234,7 @@ class Claims(Bucket):
                 raise ClaimLost(lost)
             if agent not in self._claims:
                 return
-            if time.monotonic() - self._confirmed[agent] < lease_s() / 2:
+            if time.monotonic() < self._sure_until[agent]:
                 return
         if not self._confirm(agent):
             raise ClaimLost(self._lost[agent])
@@ -261,7 +267,7 @@ class Claims(Bucket):
             return True  # (mine at the last look; renewed at the next)
         with self._claim_lock:
             if agent in self._claims:
-                self._claims[agent], self._confirmed[agent] = renewed, time.monotonic()
+                self._claims[agent], self._sure_until[agent] = renewed, _half_lease_on()
         return True
 
     def _lose(self, agent: str, why: str) -> ClaimLost:

@@ -136,6 +136,7 @@ class Logs(Claims):
         self._log_cache: dict[str, tuple[bytes, int]] = {}  # team log -> read so far, end
         self._locks: dict[str, threading.Lock] = {}  # subject -> its appends, one at a time
         self._kept: dict[str, dict[int, tuple[bytes, int, int]]] = {}  # see _pulled
+        self._kept_bytes: dict[str, int] = {}  # subject -> the size of its lines kept
         self._kept_lock = threading.Lock()
         self._ends: dict[str, tuple[int, tuple[int, int]]] = {}  # see _pulled
         self._reading = threading.local()  # .to: subject -> seq of the last line read
@@ -347,13 +348,16 @@ class Logs(Claims):
             return seq, pending
         offset = int(message.headers["Ralph-Offset"])
         after = offset + len(message.data) + 1
+        subject = message.subject
         with self._kept_lock:
-            kept = self._kept.setdefault(message.subject, {})
+            kept = self._kept.setdefault(subject, {})
+            before = kept.get(offset)
             kept[offset] = (message.data, seq, after)
-            while len(kept) > KEPT_LINES or (
-                len(kept) > 1 and sum(len(line) for line, _, _ in kept.values()) > KEPT_BYTES
-            ):
-                del kept[next(iter(kept))]
+            size = self._kept_bytes.get(subject, 0) + len(message.data)
+            size -= len(before[0]) if before is not None else 0
+            while len(kept) > KEPT_LINES or (len(kept) > 1 and size > KEPT_BYTES):
+                size -= len(kept.pop(next(iter(kept)))[0])
+            self._kept_bytes[subject] = size
         if not pending:
             self._ends[message.subject] = (after, (self._trips()[0], asked))
         return seq, pending
@@ -489,6 +493,7 @@ class Logs(Claims):
             self._seqs.pop(subject, None)
             with self._kept_lock:
                 self._kept.pop(subject, None)
+                self._kept_bytes.pop(subject, None)
         return self._offset(kept) if kept is not None else self.size(agent)
 
     def waiter(self, agents: list[str]) -> Waiter:
