@@ -351,13 +351,12 @@ class Logs(Claims):
         subject = message.subject
         with self._kept_lock:
             kept = self._kept.setdefault(subject, {})
-            before = kept.get(offset)
-            kept[offset] = (message.data, seq, after)
-            size = self._kept_bytes.get(subject, 0) + len(message.data)
-            size -= len(before[0]) if before is not None else 0
-            while len(kept) > KEPT_LINES or (len(kept) > 1 and size > KEPT_BYTES):
-                size -= len(kept.pop(next(iter(kept)))[0])
-            self._kept_bytes[subject] = size
+            if offset not in kept:  # (kept already: the same line, a fact of the stream)
+                kept[offset] = (message.data, seq, after)
+                size = self._kept_bytes.get(subject, 0) + len(message.data)
+                while len(kept) > KEPT_LINES or (len(kept) > 1 and size > KEPT_BYTES):
+                    size -= len(kept.pop(next(iter(kept)))[0])
+                self._kept_bytes[subject] = size
         if not pending:
             self._ends[message.subject] = (after, (self._trips()[0], asked))
         return seq, pending
