@@ -363,6 +363,7 @@ class Consuming:
                 self.consume(message)
         elif messages:
             self.commit(messages[-1])
+        self._store.settle_cursor(self.agent)  # (stored before any is handed on)
 
     def _mark(self) -> _Mark:
         cursor = self._load()

@@ -76,6 +76,10 @@ class Cursor:
     floor: int = 0
     acked: set[int] = field(default_factory=set)
 
+    def passed(self, offset: int) -> bool:
+        """Whether the line at ``offset`` is consumed."""
+        return offset < self.floor or offset in self.acked
+
 
 @dataclass(frozen=True, slots=True)
 class Compaction:
@@ -269,7 +273,15 @@ class TeamStore(Primitives, Protocol):
         ``#NAME@MEMBER``: a member's cursor in channel NAME's log."""
 
     def save_cursor(self, agent: str, cursor: Cursor) -> None:
-        """Persist ``cursor``: afterwards a crash leaves the old cursor or this one."""
+        """Persist ``cursor``: afterwards a crash leaves the old cursor or this one. A
+        backend may send it and go on (NATS: its answer is read with the next request);
+        a save it could not make then raises at the next save, read or `settle_cursor`
+        of the owner's inbox."""
+
+    def settle_cursor(self, agent: str) -> None:
+        """Return once the last `save_cursor` of ``agent``'s owner is stored, raising as
+        it would have: what must not be handed on before its cursor is (a command that
+        prints what it consumed)."""
 
     def drop_cursor(self, key: str) -> None:
         """Forget cursor ``key`` (a member leaving a channel); nothing when there is none."""
@@ -319,6 +331,12 @@ class TeamStore(Primitives, Protocol):
         went from ``before`` to ``after``, now: its floors, the line it consumed out of
         order (if one), and whether the floor passed lines consumed so before. One small
         append; a waiter for ``commits:AGENT`` wakes on it. What `consumed_at` reads."""
+
+    def consumed(self, agent: str, offset: int) -> bool:
+        """Whether the owner of ``agent``'s inbox consumed the line at ``offset``: its
+        cursor passed it, or, where a commit's cursor is stored a moment after its commit
+        time (NATS: a commit does not wait for its cursor's write), the last commit did.
+        What a waiter woken by ``commits:AGENT`` looks at."""
 
     def consumed_at(self, agent: str, offset: int, since: str) -> str | None:
         """When the owner's cursor first passed the line at ``offset`` of ``agent``'s

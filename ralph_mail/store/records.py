@@ -170,6 +170,9 @@ class Records:
         else:
             self.update_state(_members_key(log), lambda raw: _with(raw, member, record))
 
+    def settle_cursor(self: Primitives, agent: str) -> None:
+        """Nothing to wait for: `save_cursor` returns once it is stored."""
+
     def drop_cursor(self: Primitives, key: str) -> None:
         """Forget cursor ``key`` (a member leaving a channel); nothing when there is none."""
         log, member = _reader(key)
@@ -245,6 +248,11 @@ class Records:
         """Record a commit of ``agent``'s owner: a line of ``commits:AGENT``, stamped now."""
         fields = (before.floor, after.floor, *marks(before, after))
         _put(self, f"commits:{agent}", b"%020d %020d %020d %d" % fields)
+
+    def consumed(self: Primitives, agent: str, offset: int) -> bool:
+        """Whether the owner's cursor passed the line at ``offset`` (saved before its
+        commit time is recorded)."""
+        return Records.load_cursor(self, agent).passed(offset)
 
     def consumed_at(self: Primitives, agent: str, offset: int, since: str) -> str | None:
         """When the owner's cursor first passed the line at ``offset`` (see `when_consumed`)."""

@@ -228,8 +228,7 @@ def _not_stored(box: Mailbox, message_id: str) -> list[Receipt]:
 
 
 def _consumed(box: Mailbox, copy: _Copy) -> bool:
-    cursor = box.store.load_cursor(copy.to)
-    return copy.offset < cursor.floor or copy.offset in cursor.acked
+    return box.store.consumed(copy.to, copy.offset)
 
 
 def _receipt(box: Mailbox, copy: _Copy) -> Receipt:

@@ -304,14 +304,15 @@ def test_a_waiter_whose_consumer_the_server_forgot_makes_it_again(home: Path) ->
 
 
 def _trips(monkeypatch: pytest.MonkeyPatch, pulled: Callable[[], object]) -> list[str]:
-    """The subjects of the round trips this thread makes from now on (`Wire.request`,
-    `Wire.many`, a pull asked for: `Wire._pull`), and "pull" where it first waits for
+    """The subjects of the requests this thread makes from now on (`Wire.request`, a
+    publish whose answer is read later: `Wire.send`, `Wire.many`, a pull asked for:
+    `Wire._pull`), and "pull" where it first waits for
     a pull's line (`Wire.pulled`); ``pulled()`` is called on another thread then."""
     from ralph_mail.store.nats.wire import Wire
 
     trips: list[str] = []
     me = threading.get_ident()
-    for name in ("request", "many", "_pull", "pulled"):
+    for name in ("request", "send", "many", "_pull", "pulled"):
         made = getattr(Wire, name)
 
         def counted(wire: Wire, ask: object, *args: object, _made: Any = made,
@@ -333,10 +334,10 @@ def test_a_wait_woken_by_the_last_line_reads_it_without_asking_the_server_again(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The pull that woke a wait brought the line, and said nothing follows it: the read
-    after it costs no round trip, and neither does the look for more: the one round trip
-    after the pull is the commit (the inbox's start comes from the bucket's watch, which
-    runs from a process's few first looks on). A `poll` after it still asks the server,
-    and gets a line another thread stored since."""
+    after it costs no round trip, and neither does the look for more: the one request
+    after the pull is the commit (sent, its answer read later; the inbox's start comes
+    from the bucket's watch, which runs from a process's few first looks on). A `poll`
+    after it still asks the server, and gets a line another thread stored since."""
     url = fresh_nats()
     create_team("demo", ["lead", "w"], home=home, backend=url)
     with MessageBus("demo", "lead", home, backend=url) as lead, \

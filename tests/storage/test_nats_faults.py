@@ -61,6 +61,16 @@ def store_of(home: Path, url: str):  # type: ignore[no-untyped-def]
     return backend(home, url).team_store("demo")
 
 
+def with_jobs(home: Path, count: int) -> str:
+    """A fresh server's team demo with ``count`` messages in w's inbox; its URL."""
+    url = fresh_nats()
+    team_of(home, url)
+    with MessageBus("demo", "lead", home, backend=url) as lead:
+        for n in range(count):
+            lead.send("w", "text", f"job {n}")
+    return url
+
+
 # -- an inbox emptied under its readers -----------------------------------------------
 
 
@@ -284,11 +294,7 @@ def test_a_consumer_paused_past_its_lease_is_fenced_off(home: Path, procs: Proce
     """A consumer stopped (SIGSTOP, a long pause) until its claim lapsed, whose inbox a
     successor took and consumed meanwhile, gets a clear error when it resumes: it
     neither hands the messages out again nor moves the cursor back."""
-    url = fresh_nats()
-    team_of(home, url)
-    with MessageBus("demo", "lead", home, backend=url) as lead:
-        for n in range(3):
-            lead.send("w", "text", f"job {n}")
+    url = with_jobs(home, 3)
     paused = procs.python(PAUSED, str(home), url, env=cli_env(home, RALPH_NATS_LEASE_S="1"))
     assert paused.stdout is not None and paused.stdin is not None
     assert paused.stdout.readline() == b"peeked 3\n"
@@ -317,6 +323,75 @@ def test_a_consumer_paused_past_its_lease_is_fenced_off(home: Path, procs: Proce
     assert store.load_cursor("w").floor == floor  # the successor's, not moved back
     successor.close()
     store.close()
+
+
+def test_a_commit_refused_after_it_was_sent_fences_the_next_read(home: Path) -> None:
+    """A commit sends its cursor and goes on. When a successor wrote the cursor meanwhile
+    (taking over a claim its holder still thought sure: another host's clock ahead),
+    the write is refused: the holder's next read raises ClaimLost and hands out
+    nothing, and the successor's cursor stays."""
+    from ralph_mail.errors import ClaimLost, InboxBusy
+
+    url = with_jobs(home, 3)
+    bus, store = MessageBus("demo", "w", home, backend=url), store_of(home, url)
+    try:
+        first = bus.peek()[0]
+        claim = {"pid": 1, "host": "elsewhere", "until": time.time() + BOUND_S}
+        store._kv_write("claim.w", orjson.dumps(claim))  # (the successor's claim, and
+        _, revision = store._kv_entry("cursor.w")  # its cursor, written as it claimed)
+        successor = orjson.dumps({"floor": 0, "acked": [], "by": "elsewhere:1"})
+        assert store._kv_write("cursor.w", successor, last=revision) is not None
+        bus.commit(first)  # (sent: its refusal is not waited for)
+        with pytest.raises(ClaimLost, match="moved by another consumer"):
+            bus.peek()
+        with pytest.raises(InboxBusy, match="consumed by pid 1 on elsewhere"):
+            bus.poll()
+        assert store.load_cursor("w").floor == 0
+    finally:
+        bus.close()
+        store.close()
+
+
+def test_a_commit_whose_answer_went_with_its_connection_is_made_again(home: Path) -> None:
+    """The connection broke before the commit's answer came: whether it was stored is
+    not known, so the cursor is written again (over the revision it had, or found to be
+    its own), and waited for."""
+    from ralph_mail.store.nats.wire import Wire
+
+    url = with_jobs(home, 2)
+    bus, store = MessageBus("demo", "w", home, backend=url), store_of(home, url)
+    try:
+        first, second = bus.peek()
+        bus.commit(first)
+        Wire.for_thread(url).close()  # (its answer never comes now)
+        bus.store.settle_cursor("w")
+        assert bus.store._sent == {}
+        assert store.load_cursor("w").floor > 0
+        assert [m.id for m in bus.peek()] == [second.id]
+    finally:
+        bus.close()
+        store.close()
+
+
+def test_a_commit_time_stored_before_its_cursor_says_the_line_was_consumed(
+    home: Path,
+) -> None:
+    """A commit's time goes out in the background once its cursor was sent, and may be
+    stored first: `consumed`, what a receipt's wait looks at when woken by it, takes the
+    last commit too (never more than one ahead of the cursor)."""
+    from ralph_mail.store.base import Cursor
+    from ralph_mail.store.nats.background import flush
+
+    url = with_jobs(home, 2)
+    store = store_of(home, url)
+    try:
+        second = len(store.read("w", 0)[0].split(b"\n")[0]) + 1
+        store.note_commit("w", Cursor(0), Cursor(second))  # (its cursor not stored yet)
+        flush()
+        assert store.load_cursor("w") == Cursor(0)
+        assert store.consumed("w", 0) and not store.consumed("w", second)
+    finally:
+        store.close()
 
 
 # -- clear errors -----------------------------------------------------------------------

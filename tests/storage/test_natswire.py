@@ -11,7 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from ralph_mail.store.nats.wire import TooBig, Wire, WireError, _headers, redacted, servers
+from ralph_mail.store.nats.urls import redacted, servers
+from ralph_mail.store.nats.wire import TooBig, Wire, WireError, _headers
 
 
 class Scripted:
@@ -148,6 +149,54 @@ def test_an_answer_cut_off_by_the_timeout_leaves_no_half_message_for_the_next(
     with pytest.raises(TimeoutError):
         wire.request("x", b"half of it\r\n-ERR 'then the rest'", timeout=0.5)
     assert wire.request("x", b"next", timeout=10)[0].data == b"next"
+    wire.close()
+
+
+def test_a_publish_sent_without_waiting_has_its_answer_kept_while_others_are_awaited(
+    scripted: type[Scripted],
+) -> None:
+    """`Wire.send` costs no round trip: its answer comes while the thread awaits the next
+    request's, and is kept for `Wire.answer`; one asked for before it came is read then."""
+    server = scripted(["answer", "answer", "answer"])
+    wire = Wire(f"nats://127.0.0.1:{server.port}")
+    first = wire.send("x", b"cursor")
+    assert wire.request("x", b"reply")[0].data == b"reply"  # (the send's answer came first)
+    assert wire._later[first] is not None  # kept, not dropped as a late answer
+    assert wire.answer(first).data == b"cursor"
+    second = wire.send("x", b"again")
+    assert wire.answer(second, 10).data == b"again"  # (read now)
+    assert server.published == [b"cursor", b"reply", b"again"] and not wire._later
+    wire.close()
+
+
+def test_a_publish_sent_without_waiting_whose_connection_broke_has_no_answer(
+    scripted: type[Scripted],
+) -> None:
+    """It may have been stored, or not: `answer` says the connection was lost (its caller
+    makes the write again, waited for), and nothing of it stays behind."""
+    server = scripted(["drop", "lose"])
+    wire = Wire(f"nats://127.0.0.1:{server.port}")
+    sent = wire.send("x", b"cursor")
+    with pytest.raises(WireError, match="lost the connection"):
+        wire.answer(sent, 10)
+    assert not wire._later
+    kept = wire.send("x", b"next")
+    wire.close()  # (a connection closed by this side: its answers never come)
+    with pytest.raises(WireError, match="lost the connection"):
+        wire.answer(kept)
+
+
+def test_answers_no_one_asks_for_are_bounded(scripted: type[Scripted]) -> None:
+    """A thread that sent and went elsewhere leaves at most `LATER_KEPT` answers."""
+    from ralph_mail.store.nats.wire import LATER_KEPT
+
+    server = scripted(["answer"] * (LATER_KEPT + 10))
+    wire = Wire(f"nats://127.0.0.1:{server.port}")
+    sent = [wire.send("x", b"%d" % n) for n in range(LATER_KEPT + 10)]
+    assert len(wire._later) == LATER_KEPT
+    assert wire.answer(sent[-1], 10).data == b"%d" % (LATER_KEPT + 9)
+    with pytest.raises(WireError):
+        wire.answer(sent[0])  # (dropped: the oldest)
     wire.close()
 
 

@@ -165,6 +165,25 @@ def test_cursor_round_trips(store: TeamStore) -> None:
     assert store.load_cursor("b") == Cursor(first, {first + 5})
 
 
+def test_a_holders_cursor_is_stored_once_settled_and_says_what_was_consumed(
+    store: TeamStore,
+) -> None:
+    """The owner's commit may go out without waiting for its answer (NATS):
+    `settle_cursor` returns once it is stored, and the next save goes over it. `consumed`
+    says which lines a cursor passed: those below its floor and its marks."""
+    for text in ("x", "y", "z"):
+        store.append("b", *line(text))
+    first = len(lines_from(store, "b")[0]) + 1
+    store.claim("b")
+    store.save_cursor("b", Cursor(first, {first + 2}))
+    store.save_cursor("b", Cursor(first, {first + 2, first + 4}))
+    store.settle_cursor("b")
+    assert store.load_cursor("b") == Cursor(first, {first + 2, first + 4})
+    assert [store.consumed("b", at) for at in (0, first, first + 2, first + 4)] == [
+        True, False, True, True]  # fmt: skip
+    store.release("b")
+
+
 def test_a_new_cursor_starts_at_the_inbox_start(store: TeamStore) -> None:
     """With nothing saved, the cursor is at the first kept offset."""
     assert store.load_cursor("b") == Cursor(0)

@@ -266,6 +266,14 @@ class Logs(TeamFiles):
             return Cursor(base, {start for start in acked if start >= base})
         return Cursor(floor, acked)
 
+    def consumed(self, agent: str, offset: int) -> bool:
+        """Whether the owner's cursor passed the line at ``offset`` (saved before its
+        commit time is recorded)."""
+        return self.load_cursor(agent).passed(offset)
+
+    def settle_cursor(self, agent: str) -> None:
+        """Nothing to wait for: `save_cursor` returns once it is written."""
+
     def save_cursor(self, agent: str, cursor: Cursor) -> None:
         """Persist ``cursor``: afterwards a crash leaves the old cursor or this one.
 

@@ -17,7 +17,7 @@ from ralph_mail.store.nats.doctor import team_findings
 from ralph_mail.store.nats.names import hexed, prefix_of, stream_of
 from ralph_mail.store.nats.stream import TeamStream, replicas
 from ralph_mail.store.nats.team import NatsStore
-from ralph_mail.store.nats.wire import addresses, redacted
+from ralph_mail.store.nats.urls import addresses, redacted
 
 if TYPE_CHECKING:  # push (nats-py, asyncio) is imported when first needed
     from ralph_mail.store.nats.push import Loop

@@ -2,8 +2,8 @@
 a caller need not wait for (the message they point at, the cursor they follow, are
 stored already), made in the order they came on one thread of the process's own; a read
 that must see them (`flush`) waits for them first. A store sends what it queued meanwhile
-in one write (`Logs._send_out`). Cursors are not among them: a commit waits for its
-cursor (see `claims`).
+in one write (`Logs._send_out`). Cursors are not among them: a commit sends its cursor
+on its own thread's connection, and reads the answer there (see `claims`).
 
 The writes are spaced: the first after a quiet spell goes at once, and one that comes
 sooner than `SPACING_S` after the last waits out the rest of it, gathering what comes

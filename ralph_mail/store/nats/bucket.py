@@ -18,7 +18,7 @@ import orjson
 from ralph_mail.errors import StoreError
 from ralph_mail.store.base import check_key
 from ralph_mail.store.nats.names import kv_key
-from ralph_mail.store.nats.stream import APPEND_TRIES, WATCH_AFTER, TeamStream
+from ralph_mail.store.nats.stream import APPEND_TRIES, EXPECTED, WATCH_AFTER, TeamStream
 from ralph_mail.store.nats.wire import REQUEST_S
 
 if TYPE_CHECKING:  # push (nats-py, asyncio) is imported when first needed
@@ -68,7 +68,7 @@ class Bucket(TeamStream):
     ) -> int | None:
         """Put ``value`` (``last``: only over that revision; 0, only when ``key`` was
         never set); its revision, or None when ``last`` was not the last."""
-        headers = {"Nats-Expected-Last-Subject-Sequence": str(last)} if last is not None else {}
+        headers = {EXPECTED: str(last)} if last is not None else {}
         return self._kv_send(key, value, headers, timeout)
 
     def _kv_delete(self, key: str, *, timeout: float = REQUEST_S) -> None:

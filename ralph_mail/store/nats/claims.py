@@ -15,10 +15,18 @@ again nor move the cursor. So:
   new holder writes it once when it claims: a cursor write by a holder that lost its
   claim meets a revision it did not see, and fails.
 
-Either way the fenced holder gets `ClaimLost`, never the messages. Cursors are written
-at once (the caller waits): a commit that returned is stored, one that raised consumed
-nothing. A key of the wrong shape (written by hand) is a damaged cursor (refused, in one
-line, with its fix) or a lapsed claim (taken over).
+Either way the fenced holder gets `ClaimLost`, never the messages it reads after.
+
+A commit sends its cursor and goes on: its answer is read with the next thing the
+thread asks of the server (`Wire.send`), and looked at before the holder's next read, its
+next commit, a look at its cursor or its release (`_settle`). So a commit costs no round
+trip of its own, and the message just consumed reaches its consumer (returned, printed,
+answered) while the cursor is stored. A write that was refused over another's revision
+is a claim lost, said then (the lines read before it were delivered once already); one
+whose answer did not come (the connection broke) is made again, waited for. A crash
+leaves the cursor before the commit or after it. A key of the wrong shape (written by
+hand) is a damaged cursor (refused, in one line, with its fix) or a lapsed claim (taken
+over).
 """
 
 from __future__ import annotations
@@ -28,15 +36,17 @@ import os
 import socket
 import threading
 import time
-from typing import Any
+import warnings
+from typing import Any, NamedTuple
 
 import orjson
 
-from ralph_mail.errors import ClaimLost, InboxBusy, StoreError
+from ralph_mail.errors import ClaimLost, InboxBusy, MailError, StoreError
 from ralph_mail.store.base import Cursor
 from ralph_mail.store.nats.bucket import Bucket
 from ralph_mail.store.nats.names import kv_key
-from ralph_mail.store.nats.stream import lease_s
+from ralph_mail.store.nats.stream import EXPECTED, lease_s
+from ralph_mail.store.nats.wire import REQUEST_S, Wire
 
 #: Tries of a cursor write that meets another store of this process (see `save_cursor`).
 _CURSOR_TRIES = 100
@@ -46,6 +56,14 @@ _HOST = socket.gethostname()
 def _half_lease_on() -> float:
     """Half a lease from now (monotonic): how long a claim confirmed now is sure."""
     return time.monotonic() + lease_s() / 2
+
+
+class _Sent(NamedTuple):
+    """A cursor write whose answer is read later (see the module docstring)."""
+
+    wire: Wire  # the connection it went over (its thread's)
+    reply: bytes  # where its answer comes
+    value: bytes  # what it wrote
 
 
 def whole(value: object) -> bool:
@@ -101,6 +119,7 @@ class Claims(Bucket):
         self._lost: dict[str, str] = {}  # agent -> why my claim is gone to another
         self._cursors: dict[str, int] = {}  # agent (claimed) -> its cursor's revision
         self._stamped: dict[str, Cursor] = {}  # agent -> the cursor its claim read
+        self._sent: dict[str, _Sent] = {}  # agent -> its cursor write not yet answered
         self._claim_lock = threading.RLock()
         self._renewer: threading.Thread | None = None
 
@@ -110,6 +129,7 @@ class Claims(Bucket):
         stamped = self._stamped.pop(agent, None)
         if stamped is not None:
             return stamped
+        self._settle(agent)
         return self._cursor_entry(agent)[0]
 
     def _cursor_entry(self, agent: str) -> tuple[Cursor, int]:
@@ -139,11 +159,44 @@ class Claims(Bucket):
             self._kv_write(key, orjson.dumps(record))  # no claim to fence: a channel's
             return
         self.hold(agent)
+        self._stamped.pop(agent, None)  # (what the claim read is no longer the cursor)
         record["by"] = self._by()
+        value = orjson.dumps(record)
+        with self._claim_lock:
+            last = self._cursors.get(agent, 0)
+        where, over = f"$KV.{self.stream}.{key}", {EXPECTED: str(last)}
+        reply = self._on_wire(lambda wire: wire.send(where, value, over), REQUEST_S)
+        self._sent[agent] = _Sent(Wire.for_thread(self.url), reply, value)
+
+    def settle_cursor(self, agent: str) -> None:
+        self._settle(agent)
+
+    def _settle(self, agent: str) -> None:
+        """Look at the answer to ``agent``'s cursor write still unanswered, if one:
+        `ClaimLost` when another consumer's revision refused it; made again, waited
+        for, when its answer did not come (see the module docstring)."""
+        sent = self._sent.pop(agent, None)
+        if sent is None or agent in self._lost:  # (a claim lost: its answer is no news)
+            return
+        if sent.wire is Wire.for_thread(self.url):
+            try:
+                answer = sent.wire.answer(sent.reply)
+                ack = orjson.loads(answer.data) if answer.status is None else {}
+            except (OSError, orjson.JSONDecodeError):
+                ack = {}  # (no answer: the write is made again below)
+            if "seq" in ack and "error" not in ack:
+                with self._claim_lock:
+                    self._cursors[agent] = int(ack["seq"])
+                return
+        self._write_cursor(agent, f"cursor.{kv_key(agent)}", sent.value)
+
+    def _write_cursor(self, agent: str, key: str, value: bytes) -> None:
+        """Write the cursor ``value`` over the revision this holder last saw, waited for;
+        `ClaimLost` when another consumer moved it."""
         for _ in range(_CURSOR_TRIES):
             with self._claim_lock:
                 last = self._cursors.get(agent, 0)
-            written = self._kv_write(key, orjson.dumps(record), last=last)
+            written = self._kv_write(key, value, last=last)
             if written is not None:
                 with self._claim_lock:
                     self._cursors[agent] = written
@@ -227,7 +280,9 @@ class Claims(Bucket):
     def hold(self, agent: str) -> None:
         """Make sure this store still holds ``agent``'s claim before it hands out lines
         or moves the cursor: at once while it was confirmed within half a lease; else
-        renewed now (a round trip). `ClaimLost` when another process took it over."""
+        renewed now (a round trip). `ClaimLost` when another process took it over (or
+        refused the last cursor write, `_settle`)."""
+        self._settle(agent)
         with self._claim_lock:
             lost = self._lost.get(agent)
             if lost is not None:
@@ -278,6 +333,7 @@ class Claims(Bucket):
         with self._claim_lock:
             self._claims.pop(agent, None)
             self._cursors.pop(agent, None)
+            self._sent.pop(agent, None)
             self._lost[agent] = text
         return ClaimLost(text)
 
@@ -296,6 +352,11 @@ class Claims(Bucket):
         self._renewer.start()
 
     def release(self, agent: str) -> None:
+        try:  # (its last commit is stored before another may claim the inbox)
+            self._settle(agent)
+        except MailError as exc:
+            warnings.warn(f"{exc}: the last commit of {agent!r} may not be stored (what "
+                          "it consumed may come again)", RuntimeWarning, stacklevel=3)  # fmt: skip
         with self._claim_lock:
             held = self._claims.pop(agent, None)
             self._cursors.pop(agent, None)

@@ -2,11 +2,13 @@
 when a line was consumed (`TeamStore.note_commit`, `TeamStore.consumed_at`).
 
 Each commit of an inbox's owner is a message of the subject ``ct.<agent>`` of the team's
-stream (``before floor mark time passed``, in ASCII), published in the background just after
-its cursor, so a waiter woken by it finds the cursor saved. Floors and times only grow
-along the subject, so a lookup bisects it by stream sequence: O(log) round trips,
-whatever the inbox holds. Like the inbox, the subject is bounded by the stream's limits
-and by `purge_archive`, which drops the commits older than what it purges.
+stream (``before floor mark time passed``, in ASCII), published in the background once
+its cursor was sent. The cursor's write is not waited for (`claims`), so the commit may
+be stored a moment before it: `consumed` takes the last commit as well as the cursor.
+Floors and times only grow along the subject, so a lookup bisects it by stream
+sequence: O(log) round trips, whatever the inbox holds. Like the inbox, the subject is
+bounded by the stream's limits and by `purge_archive`, which drops the commits older than
+what it purges.
 """
 
 from __future__ import annotations
@@ -40,6 +42,16 @@ class Commits(Logs):
         mark, passed = marks(before, after)
         fields = (before.floor, after.floor, mark, now, passed)
         self._post(self._subject(f"commits:{agent}"), b"%d %d %d %d %d" % fields)
+
+    def consumed(self, agent: str, offset: int) -> bool:
+        """The cursor passed it, or the last commit did: a commit time may be stored a
+        moment before its cursor (`claims`), never more than one commit ahead (a commit
+        sends its cursor once the one before was answered)."""
+        if self.load_cursor(agent).passed(offset):
+            return True
+        last = self._get(self._subject(f"commits:{agent}"))
+        commit = _commit(last) if last is not None else None
+        return commit is not None and (offset < commit.floor or offset == commit.mark)
 
     def consumed_at(self, agent: str, offset: int, since: str) -> str | None:
         """Bisects the subject by stream sequence; each probe is one direct get of the

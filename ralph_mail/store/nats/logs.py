@@ -36,6 +36,7 @@ from ralph_mail.store.nats.claims import Claims
 from ralph_mail.store.nats.names import kv_key, untoken
 from ralph_mail.store.nats.stream import (
     APPEND_TRIES,
+    EXPECTED,
     INDEX_PROBE,
     KEPT_BYTES,
     KEPT_LINES,
@@ -286,7 +287,7 @@ class Logs(Claims):
                     ts = max(format_ts(time.time_ns() // 1000), last)
                 line = (head + ts.encode() + tail).removesuffix(b"\n")  # the payload: no newline
                 headers = {"Ralph-Offset": str(end), "Ralph-N": str(n + 1),
-                           "Nats-Expected-Last-Subject-Sequence": str(seq),
+                           EXPECTED: str(seq),
                            "Nats-Msg-Id": msg_id or _line_id(subject, seq, line)}  # fmt: skip
                 ack = self._acked(subject, line, headers)
                 if ack is None:  # another writer got there first

@@ -55,7 +55,7 @@ def untoken(token: str) -> str:
 def index_path(home: Path, url: str, stream: str) -> Path:
     """Where the index of ``stream`` (`index`) on the server at ``url`` lives under
     ``home``: a file per server (its URL hashed, a password in it left out) and team."""
-    from ralph_mail.store.nats.wire import redacted
+    from ralph_mail.store.nats.urls import redacted
 
     server = hashlib.blake2b(redacted(url).encode(), digest_size=8).hexdigest()
     return home / "nats" / server / f"{stream}.sqlite3"

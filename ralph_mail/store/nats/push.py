@@ -30,7 +30,7 @@ class Loop:
         import nats
 
         from ralph_mail.store.nats.auth import login
-        from ralph_mail.store.nats.wire import addresses, servers
+        from ralph_mail.store.nats.urls import addresses, servers
 
         self.url, wheres = url, addresses(url)
         user, password = login(wheres[0].user, wheres[0].password)  # (or RALPH_NATS_CREDS's)
@@ -84,7 +84,7 @@ class Loop:
                     raise  # (a credentials file that is not there: said as it is)
                 except Exception as exc:  # no server there
                     why = str(exc) or exc.__class__.__name__
-                    from ralph_mail.store.nats.wire import redacted
+                    from ralph_mail.store.nats.urls import redacted
 
                     raise StoreError(
                         f"cannot reach the NATS server at {redacted(url)} ({why}): start it "

@@ -16,6 +16,7 @@ import orjson
 
 from ralph_mail.errors import InboxBusy, PermissionDenied, StoreError
 from ralph_mail.store.nats.names import hexed, prefix_of, stream_of, token
+from ralph_mail.store.nats.urls import redacted
 from ralph_mail.store.nats.wire import (
     REQUEST_S,
     TRY_S,
@@ -26,7 +27,6 @@ from ralph_mail.store.nats.wire import (
     TooBig,
     Wire,
     WireError,
-    redacted,
 )
 from ralph_mail.store.outage import Tries
 
@@ -95,7 +95,8 @@ INDEX_PROBE: Final = 64
 #: Tries of an append that keeps losing the race for its subject's end.
 APPEND_TRIES: Final = 1000
 
-_EXPECTED: Final = "Nats-Expected-Last-Subject-Sequence"
+#: The header of a write made only over its subject's last sequence (a key's revision).
+EXPECTED: Final = "Nats-Expected-Last-Subject-Sequence"
 #: JetStream's error codes: stream not found; wrong last sequence (another writer was
 #: first); a publish sent again while the first is under way; JetStream off (for the
 #: server, for the account); JetStream there but not answering for now (no meta leader,
@@ -115,7 +116,7 @@ def _may_repeat(subject: str, headers: dict[str, str] | None) -> bool:
     claim written over its revision twice is written once (`claims` reads it back)."""
     if subject.startswith("$JS.API.CONSUMER.MSG.NEXT."):
         return False
-    if subject.startswith("$KV.") and _EXPECTED in (headers or {}):
+    if subject.startswith("$KV.") and EXPECTED in (headers or {}):
         return subject.split(".", 2)[2].startswith(("cursor.", "claim."))
     return True
 

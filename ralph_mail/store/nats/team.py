@@ -22,8 +22,8 @@ bucket's keys, cursor and index writes) go over a blocking socket per thread
 synchronous caller costs a thread hop longer than the round trip. nats-py's connection
 (`push`), on a loop thread of its own, carries the bucket's watch and the creation and
 removal of teams; it is imported when first needed. Index writes are made in the
-background, in order, on one thread of their own (`background`); a commit waits for its
-cursor.
+background, in order, on one thread of their own (`background`); a commit sends its
+cursor and reads the answer with its thread's next request (`claims`).
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ go over this plain blocking socket instead, one per thread, in the NATS client
 protocol's few words (CONNECT, SUB, PUB/HPUB, MSG/HMSG, PING/PONG); nats-py keeps the
 bucket's watch and the rarer JetStream administration.
 
+A publish whose answer its caller can read later (a cursor's write) is sent alone
+(`Wire.send`): its answer is kept when it comes while the thread awaits others.
+
 A request that cannot be sent (no server yet, a reconnect) is tried again until its
 deadline, or for as long as the process is patient (`ralph_mail.store.outage`); one that
 was sent and met a broken connection is not (it may have been stored): it raises, as a
@@ -31,11 +34,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar, Final, NamedTuple, TypeVar
-from urllib.parse import SplitResult, unquote, urlsplit
+from typing import ClassVar, Final, TypeVar
 
 from ralph_mail.errors import MailError
 from ralph_mail.store.nats import auth
+from ralph_mail.store.nats.urls import Address, addresses, redacted
 from ralph_mail.store.outage import Tries, answered
 
 _T = TypeVar("_T")
@@ -54,6 +57,8 @@ def _seconds(name: str, default: float) -> float:
 REQUEST_S: Final = _seconds("RALPH_NATS_TIMEOUT_S", 10.0)
 #: How long one try of a request that may be sent again waits for its answer (s).
 TRY_S: Final = 1.0
+#: How many answers to publishes made with `Wire.send` a connection keeps unasked for.
+LATER_KEPT: Final = 64
 #: How long the greeting of a server just reached may take (s).
 _HANDSHAKE_S: Final = 2.0
 _CRLF: Final = b"\r\n"
@@ -128,79 +133,6 @@ class TooBig(WireError):
     server would close the connection on it)."""
 
 
-class Address(NamedTuple):
-    """Where a NATS URL points, and the login it carries."""
-
-    host: str
-    port: int
-    tls: bool
-    user: str | None
-    password: str | None
-
-
-def address(url: str) -> Address:
-    """``url``'s parts; `ValueError` saying what is wrong with it and the fix."""
-    try:
-        where = urlsplit(url)
-        port = where.port
-    except ValueError as exc:  # a port that is no number (:abc), a host that is no host
-        raise ValueError(f"invalid NATS URL {redacted(url)!r} ({exc}): use "
-                         "nats://HOST:PORT, e.g. nats://127.0.0.1:4222") from None  # fmt: skip
-    if where.scheme not in ("nats", "tls") or not where.hostname:
-        raise ValueError(f"invalid NATS URL {redacted(url)!r}: use nats://HOST:PORT (or "
-                         "tls://HOST:PORT), e.g. nats://127.0.0.1:4222")  # fmt: skip
-    user = unquote(where.username) if where.username else None
-    password = unquote(where.password) if where.password is not None else None
-    return Address(where.hostname, port or 4222, where.scheme == "tls", user, password)
-
-
-def servers(url: str) -> list[str]:
-    """The servers a backend URL names, one URL each: a cluster's are given comma
-    separated, ``nats://h1:4222,nats://h2:4222`` or ``nats://h1:4222,h2:4222`` (a server
-    without a scheme or a login takes the first one's); `ValueError` saying what is
-    wrong and the fix, for an empty one."""
-    parts = [part.strip() for part in url.split(",")]
-    if len(parts) == 1:
-        return parts
-    if not all(parts):
-        raise ValueError(f"invalid NATS URL {redacted(url)!r}: an empty server between "
-                         "commas; use nats://HOST:PORT,HOST:PORT,...")  # fmt: skip
-    scheme, _, rest = parts[0].partition("://")
-    login = rest.partition("/")[0].rpartition("@")[0]
-    found = [parts[0]]
-    for part in parts[1:]:
-        if "://" not in part:
-            part = f"{scheme}://{part}"
-        kind, _, place = part.partition("://")
-        if login and "@" not in place.partition("/")[0]:
-            part = f"{kind}://{login}@{place}"
-        found.append(part)
-    return found
-
-
-def addresses(url: str) -> list[Address]:
-    """`address` of each of the servers ``url`` names (`servers`)."""
-    return [address(server) for server in servers(url)]
-
-
-def redacted(url: str) -> str:
-    """``url`` fit to be shown: a password (or a token) in it as ``***`` (in each of the
-    servers it names)."""
-    if "," in url:  # (a server given without its scheme, shown as if it had one)
-        return ",".join(redacted(part) if "://" in part or not part.strip()
-                        else redacted(f"nats://{part}")[7:] for part in url.split(","))  # fmt: skip
-    try:
-        where = urlsplit(url)
-    except ValueError:
-        return url.rpartition("@")[2]
-    if "@" not in where.netloc:
-        return url
-    login, _, place = where.netloc.rpartition("@")
-    user, colon, _ = login.partition(":")
-    hidden = f"{user}:***" if colon else "***"
-    return SplitResult(where.scheme, f"{hidden}@{place}", *where[2:]).geturl()
-
-
 class Wire:
     """One blocking connection to a NATS server (not thread safe: see `for_thread`)."""
 
@@ -220,6 +152,7 @@ class Wire:
         self._connections = 0  # how many it made
         self._pulls: dict[str, _Pull] = {}  # consumer name -> its standing pull
         self._pulled_by: dict[bytes, str] = {}  # a standing pull's reply -> its consumer
+        self._later: dict[bytes, Reply | None] = {}  # a reply to read later -> its answer
 
     @classmethod
     def for_thread(cls, url: str) -> Wire:
@@ -335,7 +268,9 @@ class Wire:
             return False
 
     def close(self) -> None:
-        """Close the connection; the next one tries a cluster's next server first."""
+        """Close the connection; the next one tries a cluster's next server first. The
+        answers still to come on it never will (see `answer`)."""
+        self._later.clear()
         if self._sock is not None:
             self._at += 1  # (a server that broke a connection may be gone)
             try:
@@ -388,6 +323,40 @@ class Wire:
             lambda deadline, by: self._many(posts, deadline, by, batch=False), timeout, True
         )
         return [found[0] for found in answers]
+
+    def send(self, subject: str, payload: bytes, headers: dict[str, str] | None = None) -> bytes:
+        """Publish ``payload`` to ``subject`` and return at once, with the reply subject
+        its answer comes to: this thread reads it later (`answer`), or while it awaits
+        other answers. A publish made so costs no round trip of its own: its answer
+        comes while the thread goes on. Only the last `LATER_KEPT` answers not asked
+        for are kept (one whose thread went elsewhere is dropped in the end)."""
+        reply = self._reply()
+        frame, body = self._frame(subject, reply, payload, headers)
+        self._publish(frame, body, time.monotonic() + REQUEST_S)
+        if len(self._later) >= LATER_KEPT:
+            del self._later[next(iter(self._later))]
+        self._later[reply] = None
+        return reply
+
+    def answer(self, reply: bytes, timeout: float = REQUEST_S) -> Reply:
+        """The answer to a publish `send` made (held, or read now, holding what comes
+        meanwhile). `WireError` when the connection it went over broke (it may have
+        been stored, or not), `TimeoutError` when none came in time."""
+        if reply not in self._later:
+            raise WireError(f"lost the connection to {self.shown}")
+        deadline = time.monotonic() + timeout
+        try:
+            while (found := self._later[reply]) is None:
+                self._hold(*self._message(deadline, deadline))
+                if reply not in self._later:  # (the connection broke meanwhile)
+                    raise WireError(f"lost the connection to {self.shown}")
+        except OSError as exc:
+            if isinstance(exc, WireError | TimeoutError):
+                raise
+            self.close()
+            raise WireError(f"lost the connection to {self.shown} ({exc})") from None
+        del self._later[reply]
+        return found
 
     def _tried(self, attempt: Callable[[float, float], _T], timeout: float, again: bool) -> _T:
         """``attempt(deadline, answer_by)`` until it answers: tried again (``again``) as
@@ -631,7 +600,11 @@ class Wire:
     def _hold(self, to: bytes, message: Reply) -> None:
         """Keep ``message``, sent to ``to``, for the standing pull it belongs to (a line
         it brought names its consumer in its ack subject; its end comes to its reply);
-        drop it when none (a late answer, a pull forgotten)."""
+        drop it when none (a late answer, a pull forgotten). An answer to a publish
+        `send` made is kept for `answer`."""
+        if to in self._later:
+            self._later[to] = message
+            return
         brought = message.pulled()
         if brought is not None:
             pull = self._pulls.get(brought[0])
