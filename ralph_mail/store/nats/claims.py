@@ -18,15 +18,15 @@ again nor move the cursor. So:
 Either way the fenced holder gets `ClaimLost`, never the messages it reads after.
 
 A commit sends its cursor and goes on: its answer is read with the next thing the
-thread asks of the server (`Wire.send`), and looked at before the holder's next read, its
-next commit, a look at its cursor or its release (`_settle`). So a commit costs no round
-trip of its own, and the message just consumed reaches its consumer (returned, printed,
-answered) while the cursor is stored. A write that was refused over another's revision
-is a claim lost, said then (the lines read before it were delivered once already); one
-whose answer did not come (the connection broke) is made again, waited for. A crash
-leaves the cursor before the commit or after it. A key of the wrong shape (written by
-hand) is a damaged cursor (refused, in one line, with its fix) or a lapsed claim (taken
-over).
+thread asks of the server (`Wire.send`), and looked at before the holder's next read,
+its next commit, a look at its cursor or its release (`settle_cursor`). So a commit
+costs no round trip of its own, and the message just consumed reaches its consumer
+(returned, printed, answered) while the cursor is stored. A write that was refused
+over another's revision is a claim lost, said then (the lines read before it were
+delivered once already); one whose answer did not come (the connection broke) is made
+again, waited for. A crash leaves the cursor before the commit or after it. A key of
+the wrong shape (written by hand) is a damaged cursor (refused, in one line, with its
+fix) or a lapsed claim (taken over).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ class Claims(Bucket):
         stamped = self._stamped.pop(agent, None)
         if stamped is not None:
             return stamped
-        self._settle(agent)
+        self.settle_cursor(agent)
         return self._cursor_entry(agent)[0]
 
     def _cursor_entry(self, agent: str) -> tuple[Cursor, int]:
@@ -169,9 +169,6 @@ class Claims(Bucket):
         self._sent[agent] = _Sent(Wire.for_thread(self.url), reply, value)
 
     def settle_cursor(self, agent: str) -> None:
-        self._settle(agent)
-
-    def _settle(self, agent: str) -> None:
         """Look at the answer to ``agent``'s cursor write still unanswered, if one:
         `ClaimLost` when another consumer's revision refused it; made again, waited
         for, when its answer did not come (see the module docstring)."""
@@ -281,8 +278,8 @@ class Claims(Bucket):
         """Make sure this store still holds ``agent``'s claim before it hands out lines
         or moves the cursor: at once while it was confirmed within half a lease; else
         renewed now (a round trip). `ClaimLost` when another process took it over (or
-        refused the last cursor write, `_settle`)."""
-        self._settle(agent)
+        refused the last cursor write, `settle_cursor`)."""
+        self.settle_cursor(agent)
         with self._claim_lock:
             lost = self._lost.get(agent)
             if lost is not None:
@@ -353,7 +350,7 @@ class Claims(Bucket):
 
     def release(self, agent: str) -> None:
         try:  # (its last commit is stored before another may claim the inbox)
-            self._settle(agent)
+            self.settle_cursor(agent)
         except MailError as exc:
             warnings.warn(f"{exc}: the last commit of {agent!r} may not be stored (what "
                           "it consumed may come again)", RuntimeWarning, stacklevel=3)  # fmt: skip

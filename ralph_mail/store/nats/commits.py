@@ -50,8 +50,10 @@ class Commits(Logs):
         if self.load_cursor(agent).passed(offset):
             return True
         last = self._get(self._subject(f"commits:{agent}"))
-        commit = _commit(last) if last is not None else None
-        return commit is not None and (offset < commit.floor or offset == commit.mark)
+        if last is None:
+            return False
+        commit = _commit(last)
+        return offset < commit.floor or offset == commit.mark
 
     def consumed_at(self, agent: str, offset: int, since: str) -> str | None:
         """Bisects the subject by stream sequence; each probe is one direct get of the

@@ -346,17 +346,16 @@ class Wire:
             raise WireError(f"lost the connection to {self.shown}")
         deadline = time.monotonic() + timeout
         try:
-            while (found := self._later[reply]) is None:
+            while self._later[reply] is None:
                 self._hold(*self._message(deadline, deadline))
-                if reply not in self._later:  # (the connection broke meanwhile)
-                    raise WireError(f"lost the connection to {self.shown}")
+        except (WireError, TimeoutError):
+            raise
         except OSError as exc:
-            if isinstance(exc, WireError | TimeoutError):
-                raise
             self.close()
             raise WireError(f"lost the connection to {self.shown} ({exc})") from None
-        del self._later[reply]
-        return found
+        answer = self._later.pop(reply)
+        assert answer is not None
+        return answer
 
     def _tried(self, attempt: Callable[[float, float], _T], timeout: float, again: bool) -> _T:
         """``attempt(deadline, answer_by)`` until it answers: tried again (``again``) as
