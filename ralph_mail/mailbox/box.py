@@ -123,6 +123,7 @@ class Mailbox(Consuming):
         self.max_message_bytes = settings.max_message_bytes(max_message_bytes)
         self._gc_auto = settings.gc_auto_bytes()
         self._compact_due = False
+        self._chores_done = False
         self._cursor: Cursor | None = None
         self._scanned = 0  # logical offset up to which _pending is complete
         # Unconsumed (line start, message), oldest first: a deque, so that committing

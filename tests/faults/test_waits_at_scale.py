@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from bench.hive import Hive, counters
-from ralph_mail import MessageBus, Team, create_team
+from ralph_mail import Message, MessageBus, Team, create_team
 from ralph_mail.errors import MailError
 from ralph_mail.maintenance import doctor
 from ralph_mail.settings import wait_mechanism
@@ -373,6 +373,49 @@ def test_a_closed_waiter_takes_its_doorbell_away(team: Team) -> None:
     assert sorted(os.listdir(store.root / "bells")) == ["#general", "lead", "log:tasks"]
     waiter.close()
     assert os.listdir(store.root / "bells") == []
+
+
+def test_a_wake_up_reads_the_mail_before_the_once_a_second_chores(
+    team: Team, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent woken a second or more after it last noted itself active (each of many
+    agents woken in turn is) reads its mail first: noting presence and the rooms'
+    deferred work (held assignments) are done before a wait blocks, not on the way from
+    its wake-up to its mail."""
+    lead = MessageBus("demo", "lead")
+    assert lead.wait_for_messages(timeout=0.01) == []  # its waiter is made
+    store, watcher = lead.store, lead._watcher
+    assert watcher is not None
+    calls: list[str] = []
+    blocked = threading.Event()
+    save_presence, read, wait = store.save_presence, store.read, watcher.wait
+
+    def saving(agent: str, record: bytes) -> None:
+        calls.append("presence")
+        save_presence(agent, record)
+
+    def waiting(timeout: float, stop: object = None) -> bool:
+        blocked.set()
+        return wait(timeout, stop)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "save_presence", saving)
+    monkeypatch.setattr(store, "read", lambda *a, **k: calls.append("read") or read(*a, **k))
+    monkeypatch.setattr(watcher, "wait", waiting)
+    got: list[Message] = []
+    thread = threading.Thread(target=lambda: got.extend(lead.wait_for_messages(BOUND_S)))
+    thread.start()
+    try:
+        assert blocked.wait(BOUND_S)
+        lead._touched -= 10.0  # as if it had slept ten seconds: the chores are due again
+        calls.clear()
+        MessageBus("demo", "worker-1").send("lead", "text", "hello")
+    finally:
+        thread.join(BOUND_S)
+    assert [m.content for m in got] == ["hello"]
+    assert calls and calls[0] == "read" and "presence" not in calls
+    assert lead.wait_for_messages(timeout=0.01) == []
+    assert "presence" in calls  # the next wait noted it, before it blocked
+    lead.close()
 
 
 def test_a_waiter_wakes_on_a_team_log_and_a_channel(team: Team) -> None:
