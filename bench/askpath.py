@@ -44,7 +44,7 @@ STAMPS: Final = r"""
 import atexit, os, time
 import orjson
 from ralph_mail.mailbox import consuming
-from ralph_mail.store.files import bells, commits, logs
+from ralph_mail.store.files import bells, commits, inbox, logs
 from ralph_mail.talk import ask as _ask
 _stamps, _ns = [], time.perf_counter_ns
 
@@ -59,7 +59,7 @@ def _wrap(owner, name, tag):
     setattr(owner, name, stamped)
 
 _wrap(logs.Logs, "append", "append")
-_wrap(logs, "ring", "ring")
+_wrap(inbox, "ring", "ring")
 _wrap(bells, "wait_readable", "wait")
 _wrap(logs.Logs, "read", "read")
 _wrap(logs.Logs, "save_cursor", "save")

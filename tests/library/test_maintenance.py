@@ -55,6 +55,41 @@ def test_gc_drops_what_the_owner_consumed_and_keeps_the_rest(team: Team) -> None
     record(messages=15)
 
 
+def test_a_sender_new_to_an_inbox_gc_emptied_stamps_no_earlier_and_counts_from_its_base(
+    team: Team, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sender that opens an inbox gc emptied reads the base record after it wrote (it
+    rang the waiters first): its ts is not below the last one the inbox had, whatever
+    its clock says, and the offset it returns counts from the new base."""
+    fill(3)
+    lead = MessageBus("demo", "lead")
+    last = lead.poll()[-1]
+    assert collect("demo").compactions[0].removed > 0 and inbox(team).stat().st_size == 0
+    real = store_module.time.time_ns
+    monkeypatch.setattr(store_module.time, "time_ns", lambda: real() - 3_600_000_000_000)
+    order: list[str] = []
+    record = store_module.InboxLog._writer_record
+
+    def reading(log: store_module.InboxLog, inode: int) -> tuple[int, str]:
+        order.append("record")
+        return record(log, inode)
+
+    monkeypatch.setattr(store_module, "ring", lambda dirs, key: order.append("ring"))
+    monkeypatch.setattr(store_module.InboxLog, "_writer_record", reading)
+    fresh = MessageBus("demo", "worker-1")
+    first = fresh.send("lead", "text", "after gc")  # empty: the record gives the last ts
+    second = fresh.send("lead", "text", "again")
+    assert first.ts >= last.ts and second.ts >= first.ts
+    assert order == ["record", "ring", "ring"]  # once per inode, and before only when empty
+    order.clear()
+    MessageBus("demo", "worker-2").send("lead", "text", "third")  # not empty: after the ring
+    assert order == ["ring", "record"]
+    assert [m.content for m in lead.poll()] == ["after gc", "again", "third"]
+    size = inbox(team).stat().st_size
+    history = [m.content for m in MessageBus("demo", "lead").history("worker-1")]
+    assert history[-2:] == ["after gc", "again"] and size > 0
+
+
 def test_gc_keeps_out_of_order_acks_and_never_redelivers_them(team: Team) -> None:
     """Messages taken by type above the floor stay consumed after a compaction."""
     bus = MessageBus("demo", "worker-1")

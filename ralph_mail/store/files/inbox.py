@@ -17,10 +17,13 @@ of the inode gc renames into place and the base of the inode it replaces, then t
 of the last line the inbox had when gc made that inode: a writer that finds the inbox
 empty stamps no earlier than that, so ts never decreases across gc. A reader finds
 the base of the inode it opened in that record without a lock: gc writes the record
-before its rename, so either inode finds its own base. An inode the record does not name
-is an inbox made or replaced by something else than gc (the team re-created, a file put
-in place by hand): its offsets start again at 0, and a reader that followed the old inode
-continues at the new one's start.
+before its rename, so either inode finds its own base. An inode the record does not
+name is an inbox made or replaced by something else than gc (the team re-created, a file
+put in place by hand): its offsets start again at 0, and a reader that followed the old
+inode continues at the new one's start. A sender reads the record once per inode it
+writes to, after its first line there is written and its waiters rung (only the offset a
+send returns needs it; an empty inode's last ts is read first), still under the lock, so
+no gc can change it meanwhile.
 
 Compaction. Under the old inbox's LOCK_EX: copy the lines from the owner's committed
 floor into ``tmp/``, fsync, write the base record, rename the copy over the inbox. A gc
@@ -46,6 +49,7 @@ from ralph_mail.message import format_ts, last_ts
 from ralph_mail.settings import TAIL_CHUNK_BYTES
 from ralph_mail.store.base import Compaction
 from ralph_mail.store.files.archive import Archive
+from ralph_mail.store.files.bells import ring
 from ralph_mail.store.files.layout import TeamDirs, log_place
 from ralph_mail.store.files.posix import (
     copy_range,
@@ -120,7 +124,8 @@ class InboxLog:
         self._dead_letter = dead_letter
         self._pid = my_pid()
         self._writer = -1
-        self._writer_base = 0  # the base of the inode the writer has open
+        self._writer_inode = 0  # the inode the writer locked last
+        self._writer_base = -1  # the base of that inode (-1: not read yet, `_writer_read`)
         self._writer_ts = ""  # the inbox's last ts when gc made that inode
         self._end = -1  # inbox size after our last append; -1: unknown, probe the tail
         self._last_ts = ""  # wire timestamps are fixed-width, so they compare as strings
@@ -233,13 +238,11 @@ class InboxLog:
                     my_pid(),
                     -1,
                 )
-                # A linked inode's record never changes (gc makes a new inode): read it once.
-                self._writer_base, self._writer_ts = self._writer_record(
-                    os.fstat(self._writer).st_ino
-                )
+                self._writer_base = -1
             fcntl.flock(self._writer, fcntl.LOCK_EX)
             status = os.fstat(self._writer)
             if status.st_nlink:
+                self._writer_inode = status.st_ino
                 return status.st_size
             # The inbox was replaced (gc compacted it) while we waited: lock the new one.
             fcntl.flock(self._writer, fcntl.LOCK_UN)
@@ -277,24 +280,35 @@ class InboxLog:
                 ) from None
             self._end = size + len(line)
             self._last_ts = ts
+            ring(self.dirs, self.agent)  # its waiters wake now: what follows is the sender's
+            if self._writer_base < 0:
+                self._writer_read()
             return ts, self._writer_base + size
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
 
+    def _writer_read(self) -> None:
+        """Read the record of the writer's inode, under the lock: a linked inode's record
+        never changes (gc makes a new inode), so once per inode."""
+        self._writer_base, self._writer_ts = self._writer_record(self._writer_inode)
+
     def _probe_tail(self, fd: int, size: int, durable: bool) -> int:
         """Under the lock: set aside a torn last line, learn the last ts; return the size."""
-        if size == 0:
-            self._last_ts = self._writer_ts  # emptied by gc: what it had still counts
-            return 0
-        probe = os.pread(fd, min(size, _TAIL_PROBE), size - min(size, _TAIL_PROBE))
-        if not probe.endswith(b"\n"):
-            size = self._quarantine_tail(fd, size, durable)
-            stamp = last_ts(_last_line(fd, size))
-        else:
-            stamp = last_ts(probe)
-            if stamp is None:
-                stamp = last_ts(_last_line(fd, size))
-        self._last_ts = max(stamp or "", self._writer_ts)
+        stamp = None
+        if size:
+            probe = os.pread(fd, min(size, _TAIL_PROBE), size - min(size, _TAIL_PROBE))
+            if not probe.endswith(b"\n"):
+                size = self._quarantine_tail(fd, size, durable)
+                stamp = last_ts(_last_line(fd, size)) if size else None
+            else:
+                stamp = last_ts(probe) or last_ts(_last_line(fd, size))
+        if stamp is None:  # empty (gc emptied it: what it had still counts), or unreadable
+            if self._writer_base < 0:
+                self._writer_read()
+            stamp = self._writer_ts
+        # Else the last line's ts is the inbox's: ts never decrease, and gc keeps the last
+        # line (the ts its record keeps is that line's, for a non-empty inode).
+        self._last_ts = stamp
         return size
 
     def _quarantine_tail(self, fd: int, size: int, durable: bool) -> int:
