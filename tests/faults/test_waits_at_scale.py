@@ -364,6 +364,51 @@ def test_kept_doorbells_are_bounded(home: Path, monkeypatch: pytest.MonkeyPatch)
             rings._drop(name)
 
 
+def test_a_doorbell_no_longer_kept_open_is_rung_by_name_without_a_listing(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sender that rang more waiters than it keeps open remembers the others' FIFOs
+    by name: ringing one again opens it by name, with no listing of its directory (a
+    sender waking a thousand agents in turn looks up no directory on the way), and
+    keeps it open again; a waiter that registers later is still found."""
+    rings = bells._Rings()
+    monkeypatch.setattr(bells, "_RINGS", rings)
+    names = [f"w{n}" for n in range(bells.RINGS_KEPT + 4)]
+    create_team("many", ["lead", *names], home=home)
+    store = FileStore(home, "many")
+    waiters = [store.waiter([name]) for name in names]
+    later = None
+    try:
+        for name in names:
+            _settle(store.root / "bells" / name)
+        sender = MessageBus("many", "lead", home=home)
+        for name in names:
+            sender.send(name, "text", "listed")
+        assert all(waiter.wait(0.0) for waiter in waiters)
+        before = _fifos_open()
+        listings: list[object] = []
+        real_listdir = bells.os.listdir
+
+        def listdir(path: int | str) -> list[str]:
+            if isinstance(path, int):  # a key's directory (not /proc/self/fd, below)
+                listings.append(path)
+            return real_listdir(path)
+
+        monkeypatch.setattr(bells.os, "listdir", listdir)
+        sender.send("w0", "text", "by name")  # the first rung: closed since
+        assert listings == [] and waiters[0].wait(0.0)
+        assert _fifos_open() == before  # open again, and the oldest one open closed
+        later = FileStore(home, "many").waiter(["w0"])  # another process's, as it were
+        sender.send("w0", "text", "listed again")
+        assert len(listings) == 1 and waiters[0].wait(0.0) and later.wait(0.0)
+        sender.close()
+    finally:
+        for waiter in [*waiters, *([later] if later else [])]:
+            waiter.close()
+        for name in list(rings._kept):
+            rings._drop(name)
+
+
 def test_a_closed_waiter_takes_its_doorbell_away(team: Team) -> None:
     """Once the last waiter on an inbox stops, nothing of it is left for a sender to look
     at: a send's whole cost for doorbells is one lookup that finds nothing."""

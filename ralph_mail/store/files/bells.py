@@ -12,10 +12,10 @@ Why no wake-up is lost: the waiter links its FIFO *before* it reads its inbox, a
 sender lists the FIFOs *after* its append. A sender that did not see the link appended
 before the link was made, so the waiter's read finds the line.
 
-A sender keeps the FIFOs it rang open (16 at most) and rings them again without listing
-while the key's directory keeps the time it had when listed (`_Rings`): a link changes
-it, and the sender looks at it (one stat, after ringing the FIFOs it kept) after its
-append, so the argument holds.
+A sender remembers the FIFOs it rang (their names, for 4,096 keys; the last 16 open) and
+rings them again without listing while the key's directory keeps the time it had when
+listed (`_Rings`): a link changes it, and the sender looks at it (one stat, after
+ringing the FIFOs it remembered) after its append, so the argument holds.
 
 Why a killed waiter costs nothing: the waiter holds its FIFO open read-write, so the
 FIFO has a reader exactly while the process lives. Opening a FIFO for writing without
@@ -55,6 +55,8 @@ _GONE = select.POLLERR | select.POLLHUP | select.POLLNVAL
 
 #: How many FIFOs one process keeps open to ring again (see `_Rings`).
 RINGS_KEPT: Final = 16
+#: How many keys' listings one process remembers by name (see `_Rings`).
+RINGS_NAMED: Final = 4096
 #: A listing is kept only of a directory last changed at least this long before (ns):
 #: longer than the clock a file system stamps times with ticks. Most (ext4, xfs, btrfs,
 #: tmpfs) stamp with a kernel tick of 1-10 ms; a time in whole seconds may come from one
@@ -76,21 +78,38 @@ def ring(dirs: TeamDirs, key: str) -> None:
 
 
 class _Listing:
-    """The FIFOs of one key, open for ringing, as its directory was when listed."""
+    """The FIFOs of one key as its directory was when listed: their names, and, while
+    they are among the last rung, their descriptors open for ringing."""
 
-    __slots__ = ("fds", "inode", "mtime", "poller")
+    __slots__ = ("fds", "inode", "mtime", "names", "poller")
 
-    def __init__(self, inode: int, mtime: int, fds: list[int]) -> None:
-        self.inode, self.mtime, self.fds = inode, mtime, fds
+    def __init__(self, inode: int, mtime: int, names: list[str], fds: list[int]) -> None:
+        self.inode, self.mtime, self.names = inode, mtime, names
+        self.fds: list[int] = []
+        self.poller: select.poll | None = None
+        self.hold(fds)
+
+    def hold(self, fds: list[int]) -> None:
+        self.fds = fds
         self.poller = select.poll()
         for fd in fds:
             self.poller.register(fd, select.POLLOUT)
 
+    def release(self) -> int:
+        """Close the descriptors (the names stay); how many there were."""
+        count = len(self.fds)
+        _close_all(self.fds)
+        self.fds, self.poller = [], None
+        return count
+
 
 class _Rings:
-    """The FIFOs a process rang, kept open (`RINGS_KEPT` at most, the least recently used
-    closed first) so that ringing the same waiters again is a poll, a write each and a
-    stat, not a lookup, a listing and an open and close of every FIFO.
+    """The FIFOs a process rang, remembered so that ringing the same waiters again is a
+    poll and a write each and a stat, not a lookup, a listing and an open and close of
+    every FIFO. The last rung stay open (`RINGS_KEPT` descriptors in all, the least
+    recently rung closed first); the others are remembered by name (`RINGS_NAMED`
+    keys), and ringing one of those opens its FIFOs by name, with no listing: a sender
+    that wakes a thousand agents in turn looks up no directory on the way.
 
     A listing is kept under the team directory's descriptor and the key (a descriptor
     closed and reused for another team finds another inode). It is used while its
@@ -98,12 +117,13 @@ class _Rings:
     FIFO changes the time. A file system stamps that time with a coarse clock (a kernel
     tick, or a whole second), so a directory changed less than `_SETTLED_NS` before its
     listing (`_SETTLED_WHOLE_NS` for a time in whole seconds) is listed again at every
-    ring. The poll finds a FIFO whose waiter died (no reader left: POLLERR), and
-    the key is listed again, which unlinks it.
+    ring. A FIFO whose waiter died (no reader left: POLLERR, or ENXIO when opened) has
+    the key listed again, which unlinks it.
     """
 
     def __init__(self) -> None:
         self._kept: OrderedDict[tuple[int, str], _Listing] = OrderedDict()
+        self._open: OrderedDict[tuple[int, str], _Listing] = OrderedDict()  # with fds
         self._fds = 0
         self._pid = my_pid()
         # A kept descriptor is used and closed under this lock: a thread never writes to
@@ -118,13 +138,17 @@ class _Rings:
         with self._lock:
             if self._pid != my_pid():  # inherited through fork: not ours to close
                 self._kept.clear()
+                self._open.clear()
                 self._fds, self._pid = 0, my_pid()
             listing = self._kept.get(name)
             if listing is not None:
                 # Ring first, so the wake-up goes now; then see whether the listing still
                 # holds (still after the append). A waiter it missed is rung by the
                 # listing made again, and the others get a second byte: a spare wake-up.
-                rung = _ring_kept(listing)
+                if listing.fds:
+                    rung = _ring_kept(listing)
+                else:
+                    rung = self._ring_named(root, where, name, listing)
                 try:
                     status = os.stat(where, dir_fd=root, follow_symlinks=False)
                 except OSError:  # nobody waits any more
@@ -132,23 +156,51 @@ class _Rings:
                     return
                 if rung and (listing.inode, listing.mtime) == (status.st_ino, status.st_mtime_ns):
                     self._kept.move_to_end(name)
+                    if listing.fds:
+                        self._open.move_to_end(name)
                     return
                 self._drop(name)
             listing = _ring_listing(root, where)
-            if listing is not None and listing.fds:
+            if listing is not None and listing.names:
                 self._kept[name] = listing
-                self._fds += len(listing.fds)
-                while self._fds > RINGS_KEPT:
+                if listing.fds:
+                    self._hold(name, listing)
+                while len(self._kept) > RINGS_NAMED:
                     self._drop(next(iter(self._kept)))
+
+    def _ring_named(self, root: int, where: str, name: tuple[int, str], listing: _Listing
+                    ) -> bool:  # fmt: skip
+        """Ring the FIFOs of a listing remembered by name; keep them open (it is the last
+        rung now). False when one is gone or has lost its reader (list again)."""
+        fds: list[int] = []
+        for fifo in listing.names:
+            fd = _ring_one(root, f"{where}/{fifo}")
+            if fd < 0:
+                _close_all(fds)
+                return False
+            fds.append(fd)
+        if len(fds) > RINGS_KEPT:  # more than may stay open: by name again next time
+            _close_all(fds)
+        else:
+            listing.hold(fds)
+            self._hold(name, listing)
+        return True
+
+    def _hold(self, name: tuple[int, str], listing: _Listing) -> None:
+        self._open[name] = listing
+        self._fds += len(listing.fds)
+        while self._fds > RINGS_KEPT and len(self._open) > 1:
+            self._fds -= self._open.popitem(last=False)[1].release()
 
     def _drop(self, name: tuple[int, str]) -> None:
         listing = self._kept.pop(name)
-        self._fds -= len(listing.fds)
-        _close_all(listing.fds)
+        if self._open.pop(name, None) is not None:
+            self._fds -= listing.release()
 
 
 def _ring_kept(listing: _Listing) -> bool:
     """Ring each FIFO of a kept listing; False when one has lost its reader (list again)."""
+    assert listing.poller is not None
     try:
         if any(events & _GONE for _, events in listing.poller.poll(0)):
             return False
@@ -164,6 +216,7 @@ def _ring_listing(root: int, where: str) -> _Listing | None:
     """List the key's FIFOs and ring each; the listing, with its FIFOs open, when it may
     be kept (see `_Rings`), else None (and they are closed)."""
     fds: list[int] = []
+    names: list[str] = []
     try:
         listing = os.open(where, _DIR, dir_fd=root)
     except OSError:
@@ -175,16 +228,20 @@ def _ring_listing(root: int, where: str) -> _Listing | None:
             fd = _ring_one(listing, name)
             if fd >= 0:
                 fds.append(fd)
+                names.append(name)
     except OSError:
         _close_all(fds)
         return None
     finally:
         os.close(listing)
     settled = _SETTLED_NS if status.st_mtime_ns % 1_000_000_000 else _SETTLED_WHOLE_NS
-    if status.st_mtime_ns > listed - settled or len(fds) > RINGS_KEPT:
+    if status.st_mtime_ns > listed - settled:
         _close_all(fds)
         return None
-    return _Listing(status.st_ino, status.st_mtime_ns, fds)
+    if len(fds) > RINGS_KEPT:  # remembered by name only
+        _close_all(fds)
+        fds = []
+    return _Listing(status.st_ino, status.st_mtime_ns, names, fds)
 
 
 def _close_all(fds: list[int]) -> None:
