@@ -277,6 +277,35 @@ def test_symlinked_inbox_is_refused(team: Team, tmp_path: Path) -> None:
     assert target.read_bytes() == b""
 
 
+def test_reading_the_mail_that_came_is_one_system_call_and_reading_on_one_more(
+    team: Team, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process woken after a long sleep pays tens of µs for each system call: reading
+    the mail that woke it is one pread (a first slice that is not full ends at the end),
+    and reading on from there, to learn that nothing more came, one fstat."""
+    store = team.store
+    sender = MessageBus("demo", "worker-1")
+    sender.send("lead", "text", "first")
+    data, offset = store.read("lead", 0)  # opens the reader
+    end = offset + len(data)
+    assert store.read("lead", end) == (b"", end)  # read on: none more (then it waits)
+    sender.send("lead", "text", "second")
+    calls: list[str] = []
+    for name in ("pread", "lseek", "fstat", "stat", "read"):
+        real = getattr(os, name)
+        monkeypatch.setattr(
+            os, name, lambda *a, _n=name, _r=real, **k: calls.append(_n) or _r(*a, **k)
+        )
+    data, offset = store.read("lead", end)
+    assert offset == end and data.count(b"\n") == 1 and calls == ["pread"]
+    calls.clear()
+    assert store.read("lead", end + len(data)) == (b"", end + len(data))
+    assert calls == ["fstat"]
+    sender.send("lead", "text", "third")
+    calls.clear()
+    assert store.read("lead", end + len(data))[0].count(b"\n") == 1 and calls == ["pread"]
+
+
 def test_poll_reads_only_new_bytes(team: Team, monkeypatch: pytest.MonkeyPatch) -> None:
     """poll's cost is O(new messages): it reads the new bytes, not the inbox."""
     sender = MessageBus("demo", "worker-1")

@@ -66,6 +66,9 @@ from ralph_mail.store.files.slots import SlotFile
 _TAIL_PROBE = 160
 #: The largest slice of an inbox one read returns; the rest comes with the next read.
 READ_MAX_BYTES = 16 * 1024 * 1024
+#: What a read asks for first, without learning the size: a slice that is not full ends
+#: at the end of the inbox (asking for more than is there costs a pread nothing).
+_FIRST_READ = 64 * 1024
 _BASE = struct.Struct("<qQqQ")
 _LEGACY_BASE = struct.Struct("<QqQqQI")
 
@@ -106,12 +109,13 @@ class InboxState:
 
 
 class _Open:
-    """A kept descriptor on one inode of the inbox, with that inode's base."""
+    """A kept descriptor on one inode of the inbox, with that inode's base, and where the
+    last read of it found its end (-1: it did not)."""
 
-    __slots__ = ("base", "fd", "inode")
+    __slots__ = ("base", "end", "fd", "inode")
 
     def __init__(self, fd: int, inode: int, base: int) -> None:
-        self.fd, self.inode, self.base = fd, inode, base
+        self.fd, self.inode, self.base, self.end = fd, inode, base, -1
 
 
 class InboxLog:
@@ -340,7 +344,14 @@ class InboxLog:
     # -- reading -------------------------------------------------------------------------
 
     def read(self, offset: int, skip_collected: bool) -> tuple[bytes, int]:
-        """Whole lines from logical ``offset`` (see `TeamStore.read`)."""
+        """Whole lines from logical ``offset`` (see `TeamStore.read`).
+
+        A read makes as few system calls as it can: a process woken after a long sleep
+        pays tens of µs for each, its kernel state cold. So the read of the mail that
+        woke it is one pread (a first slice that is not full ends at the end: no size
+        asked), and the read on from there (is there more?) one fstat, the size and the
+        link count at once.
+        """
         while True:
             if self._reader is None:
                 self._reader = self._open_reader()
@@ -354,19 +365,30 @@ class InboxLog:
                     f"{reader.base}: those messages were collected; delete the cursor "
                     f"{self.dirs.path('cursors', self.agent + '.cursor')} to re-read from the start"
                 )
-            # The size by lseek (an fstat builds a stat result: ten times the work); the
-            # link count only when there is no whole line to read: was it replaced?
-            available = os.lseek(reader.fd, 0, os.SEEK_END) - position
-            if available <= 0:
-                status = os.fstat(reader.fd)  # the size and the link count, at one time
-                available = status.st_size - position
-                if available <= 0:
+            if position == reader.end:  # read on from the end just found: did any come?
+                reader.end = -1  # (once: a read after a wait finds its mail with a pread)
+                status = os.fstat(reader.fd)
+                if status.st_size <= position:
                     if status.st_nlink:
                         return b"", offset
-                    offset = self._follow(reader)
+                    offset = self._follow(reader)  # replaced: its size is final
                     continue
-            # Ask for what is there, not for a fixed maximum: pread allocates what it is asked.
-            data = os.pread(reader.fd, min(available, READ_MAX_BYTES), position)
+            data = os.pread(reader.fd, _FIRST_READ, position)
+            available = len(data)
+            if available == _FIRST_READ:  # maybe more: the size, then up to the most a read takes
+                available = os.lseek(reader.fd, 0, os.SEEK_END) - position
+                if available > len(data):
+                    # Ask for what is there, not for a fixed maximum: pread allocates it.
+                    data += pread_all(reader.fd, min(available, READ_MAX_BYTES) - len(data),
+                                      position + len(data))  # fmt: skip
+            if not data:
+                status = os.fstat(reader.fd)  # the size and the link count, at one time
+                if status.st_size > position:
+                    continue  # it grew since the pread
+                if status.st_nlink:
+                    return b"", offset
+                offset = self._follow(reader)
+                continue
             end = data.rfind(b"\n") + 1
             while not end and len(data) < available:  # one line longer than a read
                 more = os.pread(
@@ -383,6 +405,8 @@ class InboxLog:
                         continue  # it grew before it was replaced: read on
                     offset = self._follow(reader)  # its last line never gets its end
                     continue
+            if end == available:  # whole lines to the end, as it was when read
+                reader.end = position + end
             return data[:end], offset
 
     def _follow(self, old: _Open) -> int:
