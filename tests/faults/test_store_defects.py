@@ -4,6 +4,7 @@ teams, second consumers, and the costs that grew without bound."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import warnings
@@ -13,6 +14,7 @@ import pytest
 
 from ralph_mail import MailError, MessageBus, StoreError, Team, delete_team
 from ralph_mail.store.files import inbox as inbox_module
+from ralph_mail.store.files import posix
 from ralph_mail.talk.history import History
 from tests.helpers.faultkit import record
 from tests.helpers.processes import BOUND_S, Processes, cli_env, ralph
@@ -279,6 +281,32 @@ def test_an_inbox_that_is_not_a_regular_file_is_refused(team: Team, kind: str) -
         assert done.stderr.count(b"\n") == 1
     assert ralph(team.home, "doctor").returncode == 3
     record(faults=1)
+
+
+def test_an_open_for_reading_and_writing_clears_no_flag_and_still_refuses_a_fifo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An open for reading and writing (an inbox to append to, a cursor) never blocks on
+    a FIFO, so it goes without O_NONBLOCK and the call that clears it: one system call
+    fewer on each cold open. A read-only open keeps it until the file is known to be
+    regular. A FIFO is refused either way, at once."""
+    cleared: list[int] = []
+    real = posix.os.set_blocking
+    monkeypatch.setattr(posix.os, "set_blocking", lambda fd, on: cleared.append(fd) or real(fd, on))
+    where = posix.open_dir(str(tmp_path))
+    try:
+        both = posix.open_file("file", os.O_RDWR | os.O_CREAT, where)
+        assert cleared == [] and not fcntl.fcntl(both, fcntl.F_GETFL) & os.O_NONBLOCK
+        alone = posix.open_file("file", os.O_RDONLY, where)
+        assert cleared == [alone] and not fcntl.fcntl(alone, fcntl.F_GETFL) & os.O_NONBLOCK
+        for fd in (both, alone):
+            os.close(fd)
+        os.mkfifo("fifo", 0o600, dir_fd=where)
+        for flags in (os.O_RDWR, os.O_RDONLY):
+            with pytest.raises(StoreError, match="not a regular file"):
+                posix.open_file("fifo", flags, where)
+    finally:
+        os.close(where)
 
 
 @pytest.mark.parametrize("planted", ["team", "mailbox"])

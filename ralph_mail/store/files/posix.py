@@ -23,6 +23,7 @@ from ralph_mail.settings import DIR_MODE, FILE_MODE
 from ralph_mail.store.spin import spin as spinning
 
 _FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+_FLAGS_BOTH = os.O_NOFOLLOW | os.O_CLOEXEC
 #: This process's pid, renewed in a child after fork: kept descriptors compare it on
 #: every send, where os.getpid() would be a system call each time.
 _PID = [os.getpid()]
@@ -82,14 +83,20 @@ def open_file(name: str, flags: int, dir_fd: int | None = None) -> int:
     A file this call creates is 0600 whatever the umask. Anything but a regular file (a
     directory, a FIFO, a device) is refused with `StoreError`, and never blocks.
     """
-    fd = os.open(name, flags | _FLAGS, FILE_MODE, dir_fd=dir_fd)
+    # O_NONBLOCK keeps a read-only or write-only open of a FIFO from blocking, and is
+    # cleared once the file is known to be regular. An open for reading and writing
+    # never blocks on a FIFO: it goes without, and without the fcntl that clears it (a
+    # process woken from a long sleep pays tens of µs for each system call).
+    both = flags & os.O_ACCMODE == os.O_RDWR
+    fd = os.open(name, flags | (_FLAGS_BOTH if both else _FLAGS), FILE_MODE, dir_fd=dir_fd)
     try:
         status = os.fstat(fd)
         if not stat.S_ISREG(status.st_mode):
             raise StoreError(f"{name} is not a regular file: remove it", name)
         if flags & os.O_CREAT and status.st_mode & 0o777 != FILE_MODE:
             os.fchmod(fd, FILE_MODE)
-        os.set_blocking(fd, True)
+        if not both:
+            os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
         raise
