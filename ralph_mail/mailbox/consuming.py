@@ -53,21 +53,17 @@ class _Mark:
 class Consuming:
     """What `Mailbox` does as its inbox's owner: read, peek, poll, commit, wait."""
 
-    #: Commits whose times are not recorded yet (`hand_on`, while it writes), or None.
-    _held: list[tuple[Cursor, Cursor]] | None = None
-
     agent: str
     asking: set[str]
     _store: TeamStore
     _gc_auto: int
     _compact_due: bool
-    _chores_done: bool  # by a wait before it blocked: the read of its wake-up skips them
     _cursor: Cursor | None
     _scanned: int
     _pending: deque[tuple[int, Message]]
     _watcher: Waiter | None
     _lock: threading.RLock
-    _ask_local: threading.local
+    _local: threading.local  # per thread (see `Mailbox.__init__`)
     _ask_waiters: list[tuple[threading.Thread, Waiter]]
     _received: dict[str, Message]
     _unseen_from: int  # where my inbox ended after this mailbox claimed it (or UNKNOWN_END)
@@ -117,8 +113,8 @@ class Consuming:
             if self._compact_due:
                 self._compact()
             cursor = self._load()
-            if self._chores_done:
-                self._chores_done = False
+            if getattr(self._local, "chores_done", False):  # by this thread's wait
+                self._local.chores_done = False
             else:
                 self._chores()
             while True:
@@ -243,8 +239,9 @@ class Consuming:
         saved = Cursor(floor, {start for start in marks if start >= floor})
         self._store.save_cursor(self.agent, saved)
         self._cursor = saved
-        if self._held is not None:
-            self._held.append((cursor, saved))
+        held = getattr(self._local, "held", None)
+        if held is not None:
+            held.append((cursor, saved))
         else:
             self._note(cursor, saved)
         if self._gc_auto and self._store.collectable(self.agent, floor) >= self._gc_auto:
@@ -348,15 +345,15 @@ class Consuming:
             return
         with self._lock:
             mark = self._mark()
-            self._held = []
+            self._local.held = []
             try:
                 self._take(messages, alone)
             except BaseException:
-                self._held = None
+                self._local.held = None
                 with contextlib.suppress(MailError):  # (alone: some may be consumed)
                     self._rewind(mark)
                 raise
-            held, self._held, written = self._held, None, 0
+            held, self._local.held, written = self._local.held, None, 0
             try:
                 for message in messages:
                     write(message)
@@ -495,7 +492,7 @@ class Consuming:
                     return found
             with self._lock:
                 self._chores()
-                self._chores_done = True
+                self._local.chores_done = True  # the read of its wake-up skips them
             watcher.wait(remaining, stop)
 
     def _watch(self) -> Waiter:
@@ -531,7 +528,7 @@ class Consuming:
         offset = start
         # One waiter per thread, kept for the mailbox's life: closing an inotify
         # descriptor can take the kernel milliseconds, which a waiter per ask paid.
-        waiter: Waiter | None = getattr(self._ask_local, "waiter", None)
+        waiter: Waiter | None = getattr(self._local, "waiter", None)
         if fresh and waiter is not None:
             waiter.wait(min(timeout, WATCH_SAFETY_POLL_S), stop)
 
@@ -554,7 +551,7 @@ class Consuming:
             if remaining <= 0 or (stop is not None and stop.is_set()):
                 return None
             if waiter is None:
-                waiter = self._ask_local.waiter = self._store.waiter([self.agent])
+                waiter = self._local.waiter = self._store.waiter([self.agent])
                 with self._lock:  # the waiters of threads that ended go: they would pile up
                     for thread, gone in [kept for kept in self._ask_waiters
                                          if not kept[0].is_alive()]:  # fmt: skip
