@@ -87,7 +87,8 @@ class _Listing:
         self.inode, self.mtime, self.names = inode, mtime, names
         self.fds: list[int] = []
         self.poller: select.poll | None = None
-        self.hold(fds)
+        if fds:
+            self.hold(fds)
 
     def hold(self, fds: list[int]) -> None:
         self.fds = fds

@@ -58,11 +58,10 @@ class Logs(TeamFiles):
     # -- inboxes ---------------------------------------------------------------------------
 
     def append(self, agent: str, head: bytes, tail: bytes) -> tuple[str, int]:
-        try:
-            written = self._log(agent).append(head, tail, self.durable)
+        try:  # (the log rings its waiters once the line is written)
+            return self._log(agent).append(head, tail, self.durable)
         except OSError as exc:
             raise store_error(exc, f"inbox {self.inbox_path(agent)}", "append to") from None
-        return written  # (its waiters were rung once the line was written)
 
     def read(self, agent: str, offset: int, *, skip_collected: bool = False) -> tuple[bytes, int]:
         try:
