@@ -147,6 +147,10 @@ def _refuse(text: str) -> Any:
     raise _Defer  # NaN and Infinity are not JSON: orjson refuses them
 
 
+#: Made once: `json.loads` with hooks builds a decoder and its scanner at every call.
+_DECODER = json.JSONDecoder(parse_int=_int, parse_float=_float, parse_constant=_refuse)
+
+
 def _loads(data: bytes | bytearray | memoryview | str) -> Any:
     """The value in ``data`` (orjson's `loads`); raises `DecodeError`."""
     module = _count()
@@ -157,7 +161,7 @@ def _loads(data: bytes | bytearray | memoryview | str) -> Any:
             if isinstance(data, str):
                 data.encode()
             if "\\ud" not in text and "\\uD" not in text:  # escaped surrogates: orjson's
-                return json.loads(text, parse_int=_int, parse_float=_float, parse_constant=_refuse)
+                return _DECODER.decode(text)
         except (ValueError, _Defer, RecursionError):
             pass  # orjson reads it, or says why not
         module = fast()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
 import signal
 import stat
@@ -17,6 +18,7 @@ from ralph_mail.maintenance import collect, doctor
 from ralph_mail.store.files import FileStore
 from ralph_mail.store.files import doctor as maintenance
 from ralph_mail.store.files import inbox as store_module
+from ralph_mail.store.files.team import LOGS_KEPT
 from tests.helpers.faultkit import SCALES, dead_letters, pick, record
 from tests.helpers.processes import BOUND_S, Processes, cli_env, ralph
 
@@ -88,6 +90,50 @@ def test_a_sender_new_to_an_inbox_gc_emptied_stamps_no_earlier_and_counts_from_i
     size = inbox(team).stat().st_size
     history = [m.content for m in MessageBus("demo", "lead").history("worker-1")]
     assert history[-2:] == ["after gc", "again"] and size > 0
+
+
+def test_a_lead_of_more_agents_than_it_keeps_open_reads_each_tail_and_base_once(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lead sending to more agents than it keeps inboxes open (`LOGS_KEPT`) reads an
+    inbox's tail and base record once: back at an inbox nobody wrote to since, it appends
+    from what it knew (`Left`). Where another sender wrote meanwhile, it reads the tail
+    again; where gc made a new inode, the record too: ts stay ordered, and the offsets
+    it notes count from the new base."""
+    names = [f"w{n}" for n in range(LOGS_KEPT + 4)]
+    create_team("many", ["lead", *names], home=home)
+    lead = MessageBus("many", "lead")
+    for name in names:
+        lead.send(name, "text", "first")
+    reads: list[tuple[str, str]] = []
+    probe, record = store_module.InboxLog._probe_tail, store_module.InboxLog._writer_record
+
+    def probing(log: store_module.InboxLog, *args: object) -> int:
+        reads.append(("tail", log.agent))
+        return probe(log, *args)  # type: ignore[arg-type]
+
+    def recording(log: store_module.InboxLog, inode: int) -> tuple[int, str]:
+        reads.append(("record", log.agent))
+        return record(log, inode)
+
+    monkeypatch.setattr(store_module.InboxLog, "_probe_tail", probing)
+    monkeypatch.setattr(store_module.InboxLog, "_writer_record", recording)
+    for name in names:
+        lead.send(name, "text", "second")
+    assert reads == []
+    MessageBus("many", "w1").send("w0", "text", "from w1")  # w0's inbox grew meanwhile
+    assert [m.content for m in MessageBus("many", "w2").poll()] == ["first", "second"]
+    assert collect("many").compactions  # w2's inbox: a new inode, a new base
+    reads.clear()
+    for name in names:
+        lead.send(name, "text", "third")
+    assert ("tail", "w0") in reads and ("record", "w2") in reads
+    assert {agent for _, agent in reads} <= {"w0", "w2"}
+    got = MessageBus("many", "w0").poll()
+    assert [m.content for m in got] == ["first", "second", "from w1", "third"]
+    assert all(a.ts <= b.ts for a, b in itertools.pairwise(got))
+    assert [m.content for m in lead.history("w2")] == ["first", "second", "third"]
+    assert [m.content for m in MessageBus("many", "w2").poll()] == ["third"]
 
 
 def test_gc_keeps_out_of_order_acks_and_never_redelivers_them(team: Team) -> None:

@@ -23,7 +23,8 @@ put in place by hand): its offsets start again at 0, and a reader that followed 
 inode continues at the new one's start. A sender reads the record once per inode it
 writes to, after its first line there is written and its waiters rung (only the offset a
 send returns needs it; an empty inode's last ts is read first), still under the lock, so
-no gc can change it meanwhile.
+no gc can change it meanwhile. A sender that closes an inbox keeps what it knew (`Left`):
+back at an inode as it left it, it reads neither the tail nor the record.
 
 Compaction. Under the old inbox's LOCK_EX: copy the lines from the owner's committed
 floor into ``tmp/``, fsync, write the base record, rename the copy over the inbox. A gc
@@ -43,6 +44,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from ralph_mail.errors import LockTimeout, StoreError
 from ralph_mail.message import format_ts, last_ts
@@ -108,6 +110,15 @@ class InboxState:
     torn: bool
 
 
+class Left(NamedTuple):
+    """What a writer knew of its inbox when its log was closed (`InboxLog.leave`)."""
+
+    status: tuple[int, int, int, int]  # inode, size, mtime, ctime (ns) after its append
+    last_ts: str
+    base: int
+    base_ts: str
+
+
 class _Open:
     """A kept descriptor on one inode of the inbox, with that inode's base, and where the
     last read of it found its end (-1: it did not)."""
@@ -121,7 +132,9 @@ class _Open:
 class InboxLog:
     """One agent's inbox: the file ``mailbox/<agent>.jsonl`` and its base record."""
 
-    def __init__(self, dirs: TeamDirs, agent: str, dead_letter: DeadLetter) -> None:
+    def __init__(
+        self, dirs: TeamDirs, agent: str, dead_letter: DeadLetter, left: Left | None = None
+    ) -> None:
         self.dirs = dirs
         self.agent = agent
         self.where, self.name = log_place(agent)
@@ -133,6 +146,7 @@ class InboxLog:
         self._writer_ts = ""  # the inbox's last ts when gc made that inode
         self._end = -1  # inbox size after our last append; -1: unknown, probe the tail
         self._last_ts = ""  # wire timestamps are fixed-width, so they compare as strings
+        self._left = left  # what a writer before knew, checked at the first lock
         self._reader: _Open | None = None
         # flock excludes other processes, not the threads of this one: they share the
         # writer's open file description, so one thread's LOCK_UN would free another's.
@@ -247,6 +261,11 @@ class InboxLog:
             status = os.fstat(self._writer)
             if status.st_nlink:
                 self._writer_inode = status.st_ino
+                if self._left is not None:  # what a writer knew: if the inode is as it left it
+                    left, self._left = self._left, None
+                    if left.status == _as_left(status):  # (a gc would make a new one)
+                        self._end, self._last_ts = status.st_size, left.last_ts
+                        self._writer_base, self._writer_ts = left.base, left.base_ts
                 return status.st_size
             # The inbox was replaced (gc compacted it) while we waited: lock the new one.
             fcntl.flock(self._writer, fcntl.LOCK_UN)
@@ -623,14 +642,31 @@ class InboxLog:
 
     def close(self) -> None:
         """Close the kept descriptors (after an append under way in another thread)."""
+        self.leave()
+
+    def leave(self) -> Left | None:
+        """Close, as `close`; return what the writer knew of the inode it last appended
+        to, when nobody wrote there since (None otherwise)."""
         if self._pid != my_pid():  # inherited through fork: not ours to close
             self._writer, self._reader = -1, None
-            return
+            return None
+        left = None
         with self._appending:
             if self._writer >= 0:
+                if self._end >= 0 and self._writer_base >= 0:
+                    with contextlib.suppress(OSError):
+                        status = os.fstat(self._writer)
+                        if status.st_size == self._end and status.st_nlink:
+                            kept = (self._last_ts, self._writer_base, self._writer_ts)
+                            left = Left(_as_left(status), *kept)
                 os.close(self._writer)
             self._writer = -1
             self.drop_reader()
+        return left
+
+
+def _as_left(status: os.stat_result) -> tuple[int, int, int, int]:
+    return status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns
 
 
 def _count_lines(fd: int, length: int) -> int:

@@ -25,7 +25,7 @@ from ralph_mail.store.files.inbox import READ_MAX_BYTES, InboxState
 from ralph_mail.store.files.layout import log_place
 from ralph_mail.store.files.posix import open_file, read_file, store_error, write_all
 from ralph_mail.store.files.slots import SlotFile
-from ralph_mail.store.files.team import TeamFiles
+from ralph_mail.store.files.team import LOGS_KEPT, TeamFiles
 from ralph_mail.store.files.watch import Watcher
 
 if TYPE_CHECKING:
@@ -62,6 +62,9 @@ class Logs(TeamFiles):
             return self._log(agent).append(head, tail, self.durable)
         except OSError as exc:
             raise store_error(exc, f"inbox {self.inbox_path(agent)}", "append to") from None
+        finally:
+            if len(self._logs) > LOGS_KEPT:  # a log closed for this one: after the ring
+                self.trim()
 
     def read(self, agent: str, offset: int, *, skip_collected: bool = False) -> tuple[bytes, int]:
         try:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ralph_mail.store.files.claims import Claims
 from ralph_mail.store.files.deadletters import DeadLetters
-from ralph_mail.store.files.inbox import InboxLog
+from ralph_mail.store.files.inbox import InboxLog, Left
 from ralph_mail.store.files.indexes import IndexFiles
 from ralph_mail.store.files.layout import TeamDirs, log_place
 from ralph_mail.store.files.posix import (
@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 #: How many inbox and channel logs one store keeps open (two descriptors each at most);
 #: the least recently used is closed first, so a lead of many agents holds a few dozen.
 LOGS_KEPT: Final = 16
+#: How many closed inbox logs a store remembers what their writer knew (`Left`) for.
+LEFT_KEPT: Final = 4096
 
 
 class TeamFiles:
@@ -55,6 +57,7 @@ class TeamFiles:
         self.dirs = TeamDirs(home, team)
         self._logs: OrderedDict[str, InboxLog] = OrderedDict()  # the last used, last
         self._logs_lock = threading.Lock()
+        self._left: dict[str, Left] = {}  # of logs closed, the oldest first
         self._cursors: dict[str, SlotFile] = {}
         self._claims = Claims(self.dirs, team)
         self._state_fds: dict[str, int] = {}  # small files kept: state (control, rates), commits
@@ -112,7 +115,8 @@ class TeamFiles:
 
     def _log(self, agent: str) -> InboxLog:
         """The log of ``agent``'s inbox (or ``#NAME``), its descriptors kept open for the
-        next call: `LOGS_KEPT` logs at most, the least recently used closed first."""
+        next call: `LOGS_KEPT` logs (one more until `trim`), the least recently used
+        closed first."""
         log = self._logs.get(agent)
         if log is not None:
             try:
@@ -124,11 +128,27 @@ class TeamFiles:
             log = self._logs.get(agent)  # another thread may have opened it meanwhile
             if log is not None:
                 return log
-            log = self._logs[agent] = InboxLog(self.dirs, agent, DeadLetters(self.dirs, agent))
-            evicted = self._logs.popitem(last=False)[1] if len(self._logs) > LOGS_KEPT else None
-        if evicted is not None:
-            evicted.close()
+            log = self._logs[agent] = InboxLog(
+                self.dirs, agent, DeadLetters(self.dirs, agent), self._left.pop(agent, None)
+            )
+        if len(self._logs) > LOGS_KEPT + 1:  # (an append trims after its ring: `trim`)
+            self.trim()
         return log
+
+    def trim(self) -> None:
+        """Close the least recently used logs over `LOGS_KEPT`, remembering what their
+        writers knew (`Left`): a lead of more agents than that comes back to each."""
+        while len(self._logs) > LOGS_KEPT:
+            with self._logs_lock:
+                if len(self._logs) <= LOGS_KEPT:
+                    return
+                evicted = self._logs.popitem(last=False)[1]
+            left = evicted.leave()
+            if left is not None:
+                with self._logs_lock:
+                    self._left[evicted.agent] = left
+                    if len(self._left) > LEFT_KEPT:
+                        del self._left[next(iter(self._left))]
 
     def _one_thread(self) -> threading.Lock:
         """The lock of `_threads` (a new one in a child forked while a thread held it)."""
@@ -142,6 +162,7 @@ class TeamFiles:
         if self._generation == self.dirs.generation:
             return
         self._generation = self.dirs.generation
+        self._left.clear()
         for slots in self._cursors.values():
             slots.close()
         self._cursors.clear()
