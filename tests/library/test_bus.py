@@ -22,6 +22,8 @@ from ralph_mail import (
     create_team,
 )
 from ralph_mail.store.files import inbox as store_module
+from ralph_mail.store.files import slots as slots_module
+from ralph_mail.store.files.watch import Watcher
 from tests.helpers.processes import BOUND_S
 
 
@@ -306,6 +308,47 @@ def test_reading_the_mail_that_came_is_one_system_call_and_reading_on_one_more(
     sender.send("lead", "text", "third")
     calls.clear()
     assert store.read("lead", end + len(data))[0].count(b"\n") == 1 and calls == ["pread"]
+
+
+def test_the_save_after_a_wake_up_leaves_the_look_at_its_cursor_to_before_the_block(
+    team: Team, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiter looks whether its kept cursor file is still linked before it blocks, so
+    the save after its wake-up makes no fstat of its own (a process that slept pays tens
+    of µs for each system call). A cursor deleted while it blocked takes that one save;
+    the next wait's look sees it gone and the next save makes it again, whole."""
+    lead, worker = MessageBus("demo", "lead"), MessageBus("demo", "worker-1")
+    worker.send("lead", "text", "first")
+    assert [m.content for m in lead.wait_for_messages(timeout=BOUND_S)] == ["first"]
+    assert lead.wait_for_messages(timeout=0.001) == []  # (its watcher, made now)
+    watcher = lead._watcher
+    assert isinstance(watcher, Watcher) and watcher._before is not None
+    looks: list[str] = []
+    real_unlinked, real_before = slots_module.unlinked, watcher._before
+    cursor = team.store.root / "cursors" / "lead.cursor"
+
+    def unlinked(fd: int) -> bool:
+        looks.append("look")
+        return real_unlinked(fd)
+
+    def before() -> None:
+        real_before()
+        looks.append("block")
+        if gone:
+            cursor.unlink()
+            gone.clear()
+        worker.send("lead", "text", f"m{len(looks)}")  # comes while it blocks
+
+    gone = [True]
+    monkeypatch.setattr(slots_module, "unlinked", unlinked)
+    watcher._before = before
+    assert len(lead.wait_for_messages(timeout=BOUND_S)) == 1
+    assert looks == ["look", "block"]  # before it blocked, none at the save
+    assert not cursor.exists()  # deleted, and saved into
+    assert len(lead.wait_for_messages(timeout=BOUND_S)) == 1  # the look finds it gone
+    assert cursor.exists()
+    watcher._before = real_before
+    assert MessageBus("demo", "lead").poll() == []  # the cursor made again is whole
 
 
 def test_a_bus_keeps_its_attributes_inline_through_waits_asks_and_hand_ons(team: Team) -> None:

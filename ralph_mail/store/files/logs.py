@@ -147,12 +147,21 @@ class Logs(TeamFiles):
         mailbox = places.pop("mailbox")
         more = {self.dirs.path(where): names for where, names in places.items()}
         dirs, spin = self.dirs, spin_seconds()  # a bad RALPH_SPIN_US: refused here, whole
+        cursors = self._cursors  # (one dict for the store's life, see `_kept`)
+
+        def look() -> None:  # before blocking: the save after the wake-up need not
+            for agent in agents:
+                slots = cursors.get(agent)
+                if slots is not None:
+                    slots.look()
+
         return Watcher(
             self.dirs.path("mailbox"),
             mailbox,
             more,
             bell=lambda: Bell(dirs, agents, spin),
             note=lambda reason: PollingNote(dirs, reason),
+            before=look,
         )
 
     def waiting(self) -> Waiting:

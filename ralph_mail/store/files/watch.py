@@ -325,7 +325,8 @@ class Watcher:
     names ``more`` gives for other directories; started at construction.
 
     ``bell`` makes the doorbell of a waiter (the file store gives it; without one the
-    way after it is taken), ``note`` leaves the note of a waiter that polls, saying why.
+    way after it is taken), ``note`` leaves the note of a waiter that polls, saying why;
+    ``before`` runs before each wait (the file store's look at the kept cursors).
     Changes that happen between two `wait` calls are kept (a rung FIFO, the kernel's
     inotify queue, watchfiles' thread) and reported by the next call, so nothing that
     arrives while the caller reads is missed. A waiter that must poll warns once.
@@ -349,8 +350,10 @@ class Watcher:
         *,
         bell: Callable[[], Source] | None = None,
         note: Callable[[str], Note] | None = None,
+        before: Callable[[], None] | None = None,
     ) -> None:
         more = more or {}
+        self._before = before
         chosen = wait_mechanism()
         makers: dict[str, Callable[[], Source]] = {
             "inotify": lambda: _Inotify(directory, names, more),
@@ -401,6 +404,8 @@ class Watcher:
         Raises KeyboardInterrupt when a signal interrupted the wait, so Ctrl-C and a
         SIGTERM handler that raises end it.
         """
+        if self._before is not None:
+            self._before()
         if stop is None:
             return self._source.wait(timeout)
         also = filenos_of(stop)
