@@ -261,9 +261,9 @@ class InboxLog:
             status = os.fstat(self._writer)
             if status.st_nlink:
                 self._writer_inode = status.st_ino
-                if self._left is not None:  # what a writer knew: if the inode is as it left it
+                if self._left is not None:  # what a writer knew, checked once
                     left, self._left = self._left, None
-                    if left.status == _as_left(status):  # (a gc would make a new one)
+                    if left.status == _seen(status):  # the inode is as it left it
                         self._end, self._last_ts = status.st_size, left.last_ts
                         self._writer_base, self._writer_ts = left.base, left.base_ts
                 return status.st_size
@@ -311,8 +311,7 @@ class InboxLog:
             fcntl.flock(fd, fcntl.LOCK_UN)
 
     def _writer_read(self) -> None:
-        """Read the record of the writer's inode, under the lock: a linked inode's record
-        never changes (gc makes a new inode), so once per inode."""
+        """Read the record of the writer's inode, under the lock, once: gc makes new inodes."""
         self._writer_base, self._writer_ts = self._writer_record(self._writer_inode)
 
     def _probe_tail(self, fd: int, size: int, durable: bool) -> int:
@@ -640,32 +639,33 @@ class InboxLog:
         finally:
             os.close(fd)
 
-    def close(self) -> None:
-        """Close the kept descriptors (after an append under way in another thread)."""
-        self.leave()
-
     def leave(self) -> Left | None:
-        """Close, as `close`; return what the writer knew of the inode it last appended
-        to, when nobody wrote there since (None otherwise)."""
-        if self._pid != my_pid():  # inherited through fork: not ours to close
-            self._writer, self._reader = -1, None
-            return None
+        """`close`; return what the writer knew of its inode, if nobody wrote there since."""
         left = None
         with self._appending:
+            if self._pid == my_pid() and min(self._writer, self._end, self._writer_base) >= 0:
+                with contextlib.suppress(OSError):
+                    status = os.fstat(self._writer)
+                    if status.st_size == self._end and status.st_nlink:
+                        left = Left(
+                            _seen(status), self._last_ts, self._writer_base, self._writer_ts
+                        )
+        self.close()
+        return left
+
+    def close(self) -> None:
+        """Close the kept descriptors (after an append under way in another thread)."""
+        if self._pid != my_pid():  # inherited through fork: not ours to close
+            self._writer, self._reader = -1, None
+            return
+        with self._appending:
             if self._writer >= 0:
-                if self._end >= 0 and self._writer_base >= 0:
-                    with contextlib.suppress(OSError):
-                        status = os.fstat(self._writer)
-                        if status.st_size == self._end and status.st_nlink:
-                            kept = (self._last_ts, self._writer_base, self._writer_ts)
-                            left = Left(_as_left(status), *kept)
                 os.close(self._writer)
             self._writer = -1
             self.drop_reader()
-        return left
 
 
-def _as_left(status: os.stat_result) -> tuple[int, int, int, int]:
+def _seen(status: os.stat_result) -> tuple[int, int, int, int]:
     return status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns
 
 
