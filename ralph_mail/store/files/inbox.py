@@ -205,11 +205,7 @@ class InboxLog:
     def base_of(self, inode: int) -> int:
         """The base of inbox inode ``inode``: 0 for an inode gc did not make."""
         base, current, previous, previous_inode = self.base_record()
-        if inode == current:
-            return base
-        if inode == previous_inode:
-            return previous
-        return 0
+        return base if inode == current else previous if inode == previous_inode else 0
 
     def follows(self, old: int, new: int) -> bool:
         """Whether inode ``new`` continues ``old``'s offsets (gc replaced one by the other)."""
@@ -251,12 +247,8 @@ class InboxLog:
         """Lock a descriptor whose inode is still the linked inbox; return the size."""
         while True:
             if self._writer < 0 or self._pid != my_pid():
-                self._writer, self._pid, self._end = (
-                    self._open(os.O_RDWR | os.O_APPEND),
-                    my_pid(),
-                    -1,
-                )
-                self._writer_base = -1
+                self._writer = self._open(os.O_RDWR | os.O_APPEND)
+                self._pid, self._end, self._writer_base = my_pid(), -1, -1
             fcntl.flock(self._writer, fcntl.LOCK_EX)
             status = os.fstat(self._writer)
             if status.st_nlink:
@@ -367,8 +359,8 @@ class InboxLog:
         A read makes as few system calls as it can: a process woken after a long sleep
         pays tens of µs for each, its kernel state cold. So the read of the mail that
         woke it is one pread (a first slice that is not full ends at the end: no size
-        asked), and the read on from there (is there more?) one fstat, the size and the
-        link count at once.
+        asked), and a read on from there (is there more?) one fstat, the size and the
+        link count at once, until a wait comes (`before_wait`).
         """
         while True:
             if self._reader is None:
@@ -383,14 +375,14 @@ class InboxLog:
                     f"{reader.base}: those messages were collected; delete the cursor "
                     f"{self.dirs.path('cursors', self.agent + '.cursor')} to re-read from the start"
                 )
-            if position == reader.end:  # read on from the end just found: did any come?
-                reader.end = -1  # (once: a read after a wait finds its mail with a pread)
+            if position == reader.end:  # read on from the end found: did any come?
                 status = os.fstat(reader.fd)
                 if status.st_size <= position:
                     if status.st_nlink:
                         return b"", offset
                     offset = self._follow(reader)  # replaced: its size is final
                     continue
+                reader.end = -1
             data = os.pread(reader.fd, _FIRST_READ, position)
             available = len(data)
             if available == _FIRST_READ:  # maybe more: the size, then up to the most a read takes
@@ -426,6 +418,11 @@ class InboxLog:
             if end == available:  # whole lines to the end, as it was when read
                 reader.end = position + end
             return data[:end], offset
+
+    def before_wait(self) -> None:
+        """A wait comes next: the read of its wake-up starts with the pread (see `read`)."""
+        if (reader := self._reader) is not None:
+            reader.end = -1
 
     def _follow(self, old: _Open) -> int:
         """The old inode is read to its end and replaced: move to the inbox in place now.

@@ -147,10 +147,13 @@ class Logs(TeamFiles):
         mailbox = places.pop("mailbox")
         more = {self.dirs.path(where): names for where, names in places.items()}
         dirs, spin = self.dirs, spin_seconds()  # a bad RALPH_SPIN_US: refused here, whole
-        cursors = self._cursors  # (one dict for the store's life, see `_kept`)
+        logs, cursors = self._logs, self._cursors  # (dicts for the store's life: `_kept`)
 
-        def look() -> None:  # before blocking: the save after the wake-up need not
-            for agent in agents:
+        def look() -> None:  # before blocking, so that the wake-up need not: the read
+            for agent in agents:  # after it starts with its pread, the save does not look
+                log = logs.get(agent)
+                if log is not None:
+                    log.before_wait()
                 slots = cursors.get(agent)
                 if slots is not None:
                     slots.look()

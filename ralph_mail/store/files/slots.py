@@ -160,12 +160,14 @@ class SlotFile:
         which a process that slept pays tens of µs per system call for, makes one fewer.
         A file deleted while it blocks takes that one save; the next one (its record is
         whole) makes the file again."""
-        with contextlib.suppress(OSError):
-            if self._fd >= 0:
+        if self._fd >= 0:
+            try:
                 if unlinked(self._fd):
                     self.close()
                 else:
                     self._looked = True
+            except OSError:  # (the save will find out)
+                pass
 
     def create(self) -> None:
         """Make the file with both slots' blocks allocated, if it is not there yet."""
