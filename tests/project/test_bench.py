@@ -256,3 +256,41 @@ def test_the_ask_path_tool_refuses_a_bad_count_in_one_line() -> None:
         capture_output=True, text=True, timeout=60, cwd=REPO,
     )  # fmt: skip
     assert done.returncode == 2 and "--asks 0: give at least 1" in done.stderr
+
+
+def test_the_builds_tool_compares_checkouts_wake_up_by_wake_up() -> None:
+    """bench/builds.py (cited in docs/performance.md) wakes agents of each checkout in
+    turn and prints each one's percentiles, with agents that work on their mail and with
+    the processes pinned to CPUs."""
+    runs = [
+        [".", ".:3", "--samples", "12", "--busy-us", "20"],
+        [".", "--samples", "4", "--pin", "0,0"],
+    ]
+    for args in runs:
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.builds", *args],
+            capture_output=True, text=True, timeout=120, cwd=REPO,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        rows = done.stdout.splitlines()
+        builds = args[: args.index("--samples")]
+        assert len(rows) == len(builds)
+        for row, build in zip(rows, builds, strict=True):
+            name, _, p50, _, *_ = row.split()
+            assert name == f"{REPO}:{build.partition(':')[2] or 1}"
+            assert float(p50) > 0 and row.endswith(
+                f"({args[args.index('--samples') + 1]} wake-ups)"
+            )
+
+
+def test_the_builds_tool_refuses_what_is_not_a_checkout_in_one_line(tmp_path: Path) -> None:
+    for args, says in [
+        ([str(tmp_path)], "is not a checkout of ralph_mail"),
+        ([".:0"], "N after the ':' is a count of agents"),
+        ([".", "--pin", "0,99"], "give S,A, two CPUs of"),
+    ]:
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.builds", *args],
+            capture_output=True, text=True, timeout=60, cwd=REPO,
+        )  # fmt: skip
+        assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr

@@ -1,0 +1,218 @@
+"""Builds compared wake-up by wake-up: agents of each build waiting side by side.
+
+``python -m bench.builds TREE[:N] TREE[:N] ...`` starts, for each TREE (a checkout of
+the project; ``git worktree add --detach DIR COMMIT`` makes one for another commit, and
+``.`` is this one), a sender and N agents (default 1) waiting in ``wait_for_messages``,
+all importing ralph_mail from that tree, the agents forked from one process as in
+`bench.scale`. It then sends to one agent of each build in turn, 4 ms apart, each
+build first every other time, until each build got ``--samples`` wake-ups; each agent
+reports its CLOCK_MONOTONIC minus the stamp taken just before the send. One run of the
+``scale`` section moves by a quarter from the next on a shared machine; builds measured
+in the same seconds, interleaved, can be compared.
+
+Two things beside the build move a wake-up, and the options hold them still:
+
+- ``--busy-us U``: each agent spends U µs of CPU on every message before it waits again,
+  as an agent that does something with its mail does. An agent that does nothing
+  blocks again within microseconds, and on a small virtual machine how long it runs
+  then moves where the kernel runs its next wake-up (docs/performance.md).
+- ``--pin S,A``: the senders run on CPU S and the agents on CPU A, so the kernel has no
+  CPU to choose: what is left is each build's own path.
+
+Examples::
+
+    git worktree add --detach /tmp/old 165c11d
+    python -m bench.builds /tmp/old . --samples 4000
+    python -m bench.builds /tmp/old . --busy-us 50
+    python -m bench.builds /tmp/old . --pin 0,0
+    python -m bench.builds /tmp/old:1000 .:1000 --samples 3000
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Final
+
+#: The directory ``-m bench.builds`` runs from (the sides find the package there).
+ROOT: Final = Path(__file__).resolve().parent.parent
+#: The pause between two wake-ups (s), as `bench.scale` takes.
+GAP_S: Final = 0.004
+
+
+def _side(tree: str, n: int, busy_us: int, pin: tuple[int, int] | None) -> None:
+    """One build: a sender and ``n`` forked agents; a line on stdin (an agent's index)
+    sends to that agent, and its latency in ns comes back as a line on stdout."""
+    sys.path.insert(0, tree)  # before the checkout this runs from
+    import ralph_mail
+    from ralph_mail import MessageBus, create_team
+
+    if not Path(ralph_mail.__file__ or "").is_relative_to(tree):
+        raise SystemExit(f"ralph_mail came from {ralph_mail.__file__}, not from {tree}")
+
+    if pin is not None:
+        os.sched_setaffinity(0, {pin[0]})
+    home = tempfile.mkdtemp(prefix="ralph-builds-")
+    names = [f"a{i}" for i in range(n)]
+    create_team("builds", ["sender", *names], home=home)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
+    reports, report = os.pipe()
+    agents = []
+    try:
+        for name in names:
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os.close(reports)
+                    _agent(name, home, report, busy_us, None if pin is None else pin[1])
+                finally:
+                    os._exit(1)
+            agents.append(pid)
+        os.close(report)
+        lines = os.fdopen(reports, "rb")
+        for _ in names:
+            lines.readline()  # each agent waits
+        bus = MessageBus("builds", "sender", home=home)
+        for name in names:  # one message each: every agent has read once and waits again
+            bus.send(name, "text", str(time.monotonic_ns()))
+            lines.readline()
+        print("ready", flush=True)
+        for command in sys.stdin:
+            bus.send(names[int(command)], "text", str(time.monotonic_ns()))
+            sys.stdout.write(lines.readline().decode())
+            sys.stdout.flush()
+    finally:
+        for pid in agents:
+            os.kill(pid, 9)
+        for pid in agents:
+            os.waitpid(pid, 0)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _agent(name: str, home: str, report: int, busy_us: int, cpu: int | None) -> None:
+    from ralph_mail import MessageBus
+
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    bus = MessageBus("builds", name, home=home)
+    bus.wait_for_messages(timeout=0.001)  # the waiter starts here
+    os.write(report, b"ready\n")
+    while True:
+        for message in bus.wait_for_messages(timeout=None):
+            now = time.monotonic_ns()
+            os.write(report, f"{now - int(message.content)}\n".encode())
+            until = time.thread_time_ns() + busy_us * 1000
+            while time.thread_time_ns() < until:  # the work an agent does with its mail
+                pass
+
+
+def compare(
+    builds: list[tuple[str, int]], samples: int, busy_us: int, pin: tuple[int, int] | None
+) -> list[list[float]]:
+    """The wake-up latencies (ms) of each build, interleaved as the module says."""
+    command = [sys.executable, "-m", "bench.builds", "--side"]
+    sides = [
+        subprocess.Popen(
+            [*command, tree, str(n), str(busy_us), "" if pin is None else f"{pin[0]},{pin[1]}"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        for tree, n in builds
+    ]
+    try:
+        for side in sides:
+            assert side.stdout is not None
+            if side.stdout.readline().strip() != "ready":
+                raise SystemExit("a build's agents did not start: see the error above")
+        rng = random.Random(30)
+        orders = [list(range(n)) for _, n in builds]
+        latencies: list[list[float]] = [[] for _ in builds]
+        for k in range(samples):
+            for j in range(len(builds)) if k % 2 else reversed(range(len(builds))):
+                side, order = sides[j], orders[j]
+                if k % len(order) == 0:
+                    rng.shuffle(order)
+                assert side.stdin is not None and side.stdout is not None
+                side.stdin.write(f"{order[k % len(order)]}\n")
+                side.stdin.flush()
+                latencies[j].append(int(side.stdout.readline()) / 1e6)
+                time.sleep(GAP_S)  # pacing, not synchronisation
+        return latencies
+    finally:
+        for side in sides:
+            if side.stdin is not None:
+                side.stdin.close()
+            side.wait(timeout=120)
+
+
+def _build(value: str) -> tuple[str, int]:
+    tree, _, count = value.rpartition(":") if ":" in value else (value, "", "1")
+    if not count.isdigit() or int(count) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: N after the ':' is a count of agents, 1 or more"
+        )
+    if not (Path(tree) / "ralph_mail" / "__init__.py").is_file():
+        raise argparse.ArgumentTypeError(
+            f"{tree!r} is not a checkout of ralph_mail (no ralph_mail/__init__.py): "
+            "make one with 'git worktree add --detach DIR COMMIT'"
+        )
+    return str(Path(tree).resolve()), int(count)
+
+
+def _pin(value: str) -> tuple[int, int]:
+    sender, _, agents = value.partition(",")
+    cpus = os.sched_getaffinity(0)
+    if not (sender.isdigit() and agents.isdigit() and {int(sender), int(agents)} <= cpus):
+        raise argparse.ArgumentTypeError(f"{value!r}: give S,A, two CPUs of {sorted(cpus)}")
+    return int(sender), int(agents)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.builds", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    parser.add_argument("builds", nargs="*", type=_build, metavar="TREE[:N]",
+                        help="a checkout of the project, and its waiting agents")  # fmt: skip
+    parser.add_argument("--samples", type=int, default=3_000,
+                        help="wake-ups per build (default 3,000)")  # fmt: skip
+    parser.add_argument("--busy-us", type=int, default=0,
+                        help="CPU µs each agent spends on a message (default 0)")  # fmt: skip
+    parser.add_argument("--pin", type=_pin, help="S,A: the senders on CPU S, the agents on A")
+    parser.add_argument("--side", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.side:
+        tree, n, busy, pin = args.side
+        _side(tree, int(n), int(busy), _pin(pin) if pin else None)
+        return 0
+    if not args.builds:
+        parser.error("give at least one TREE, e.g. 'python -m bench.builds /tmp/old .'")
+    if args.samples < 1 or args.busy_us < 0:
+        parser.error(
+            f"--samples {args.samples} --busy-us {args.busy_us}: give 1 or more, 0 or more"
+        )
+    width = max(len(f"{tree}:{n}") for tree, n in args.builds)
+    for (tree, n), ms in zip(
+        args.builds, compare(args.builds, args.samples, args.busy_us, args.pin), strict=True
+    ):
+        ms.sort()
+        p90, p99 = (ms[min(len(ms) - 1, int(len(ms) * q))] for q in (0.9, 0.99))
+        print(f"{tree + ':' + str(n):<{width}}  p50 {statistics.median(ms):.3f} ms  "
+              f"p90 {p90:.3f} ms  p99 {p99:.3f} ms  ({len(ms)} wake-ups)")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
