@@ -147,7 +147,10 @@ def compare(
                 assert side.stdin is not None and side.stdout is not None
                 side.stdin.write(f"{order[k % len(order)]}\n")
                 side.stdin.flush()
-                latencies[j].append(int(side.stdout.readline()) / 1e6)
+                line = side.stdout.readline()
+                if not line:
+                    raise SystemExit(f"the side of {builds[j][0]} stopped: see its error above")
+                latencies[j].append(int(line) / 1e6)
                 time.sleep(GAP_S)  # pacing, not synchronisation
         return latencies
     finally:
