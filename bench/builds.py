@@ -3,12 +3,12 @@
 ``python -m bench.builds TREE[:N] TREE[:N] ...`` starts, for each TREE (a checkout of
 the project; ``git worktree add --detach DIR COMMIT`` makes one for another commit, and
 ``.`` is this one), a sender and N agents (default 1) waiting in ``wait_for_messages``,
-all importing ralph_mail from that tree, the agents forked from one process as in
-`bench.scale`. It then sends to one agent of each build in turn, 4 ms apart, each
-build first every other time, until each build got ``--samples`` wake-ups; each agent
-reports its CLOCK_MONOTONIC minus the stamp taken just before the send. One run of the
-``scale`` section moves by a quarter from the next on a shared machine; builds measured
-in the same seconds, interleaved, can be compared.
+all importing ralph_mail from that tree, the agents forked from one process by
+`bench.hive` as in `bench.scale`. It then sends to one agent of each build in turn, 4 ms
+apart, each build first every other time, until each build got ``--samples`` wake-ups;
+each agent reports its CLOCK_MONOTONIC minus the stamp taken just before the send. One
+run of the ``scale`` section moves by a quarter from the next on a shared machine;
+builds measured in the same seconds, interleaved, can be compared.
 
 Two things beside the build move a wake-up, and the options hold them still:
 
@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import resource
 import shutil
 import statistics
 import subprocess
@@ -47,73 +46,40 @@ from typing import Final
 ROOT: Final = Path(__file__).resolve().parent.parent
 #: The pause between two wake-ups (s), as `bench.scale` takes.
 GAP_S: Final = 0.004
+#: How long a build's agents may take to start, or to read their first message (s).
+START_S: Final = 600.0
 
 
 def _side(tree: str, n: int, busy_us: int, pin: tuple[int, int] | None) -> None:
-    """One build: a sender and ``n`` forked agents; a line on stdin (an agent's index)
-    sends to that agent, and its latency in ns comes back as a line on stdout."""
+    """One build: a sender and a hive of ``n`` agents (`bench.hive`); a line on stdin (an
+    agent's index) sends to that agent, and its latency in ns comes back on stdout."""
     sys.path.insert(0, tree)  # before the checkout this runs from
     import ralph_mail
+    from bench.hive import Hive
     from ralph_mail import MessageBus, create_team
 
     if not Path(ralph_mail.__file__ or "").is_relative_to(tree):
         raise SystemExit(f"ralph_mail came from {ralph_mail.__file__}, not from {tree}")
-
     if pin is not None:
         os.sched_setaffinity(0, {pin[0]})
     home = tempfile.mkdtemp(prefix="ralph-builds-")
     names = [f"a{i}" for i in range(n)]
     create_team("builds", ["sender", *names], home=home)
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
-    reports, report = os.pipe()
-    agents = []
+    spec = {"kind": "ralph", "agents": names, "home": home, "team": "builds", "tree": tree,
+            "busy_us": busy_us, "cpu": None if pin is None else pin[1]}  # fmt: skip
     try:
-        for name in names:
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    os.close(reports)
-                    _agent(name, home, report, busy_us, None if pin is None else pin[1])
-                finally:
-                    os._exit(1)
-            agents.append(pid)
-        os.close(report)
-        lines = os.fdopen(reports, "rb")
-        for _ in names:
-            lines.readline()  # each agent waits
-        bus = MessageBus("builds", "sender", home=home)
-        for name in names:  # one message each: every agent has read once and waits again
-            bus.send(name, "text", str(time.monotonic_ns()))
-            lines.readline()
-        print("ready", flush=True)
-        for command in sys.stdin:
-            bus.send(names[int(command)], "text", str(time.monotonic_ns()))
-            sys.stdout.write(lines.readline().decode())
-            sys.stdout.flush()
+        with Hive(spec) as hive:
+            hive.ready(START_S)
+            bus = MessageBus("builds", "sender", home=home)
+            for name in names:  # one message each: every agent has read once and waits again
+                bus.send(name, "text", str(time.monotonic_ns()))
+                hive.latency(START_S)
+            print("ready", flush=True)
+            for command in sys.stdin:
+                bus.send(names[int(command)], "text", str(time.monotonic_ns()))
+                print(hive.latency(60.0)[1], flush=True)
     finally:
-        for pid in agents:
-            os.kill(pid, 9)
-        for pid in agents:
-            os.waitpid(pid, 0)
         shutil.rmtree(home, ignore_errors=True)
-
-
-def _agent(name: str, home: str, report: int, busy_us: int, cpu: int | None) -> None:
-    from ralph_mail import MessageBus
-
-    if cpu is not None:
-        os.sched_setaffinity(0, {cpu})
-    bus = MessageBus("builds", name, home=home)
-    bus.wait_for_messages(timeout=0.001)  # the waiter starts here
-    os.write(report, b"ready\n")
-    while True:
-        for message in bus.wait_for_messages(timeout=None):
-            now = time.monotonic_ns()
-            os.write(report, f"{now - int(message.content)}\n".encode())
-            until = time.thread_time_ns() + busy_us * 1000
-            while time.thread_time_ns() < until:  # the work an agent does with its mail
-                pass
 
 
 def compare(

@@ -7,8 +7,10 @@ process of its own with its own bus and waiter, as a separately started agent wo
 SPEC (JSON): ``kind`` "ralph" (each child waits in ``MessageBus.wait_for_messages``) or
 "pipe" (each child blocks reading its own FIFO: the kernel's wake-up floor for the same
 number of processes), ``agents`` (names), ``home`` and ``team`` (ralph), ``fifos`` (a
-directory, pipe). Each child prints on the hive's stdout, one line per ``os.write``
-(whole lines up to PIPE_BUF never interleave):
+directory, pipe); optional for ralph: ``tree`` (a checkout whose ralph_mail the hive
+imports, for `bench.builds`), ``busy_us`` (CPU µs each agent spends on a message before
+it waits again), ``cpu`` (the one CPU the agents run on). Each child prints on the
+hive's stdout, one line per ``os.write`` (whole lines up to PIPE_BUF never interleave):
 
 - ``ready I PID`` once it waits (its waiter made);
 - ``lat I NS`` for each message: its CLOCK_MONOTONIC minus the stamp the message carries;
@@ -45,6 +47,9 @@ def _say(line: str) -> None:
 def _ralph_agent(index: int, spec: dict[str, object]) -> None:
     from ralph_mail import MessageBus
 
+    if spec.get("cpu") is not None:
+        os.sched_setaffinity(0, {int(spec["cpu"])})  # type: ignore[call-overload]
+    busy_ns = int(spec.get("busy_us", 0)) * 1000  # type: ignore[call-overload]
     bus = MessageBus(str(spec["team"]), str(spec["agents"][index]), home=str(spec["home"]))  # type: ignore[index]
     bus.wait_for_messages(timeout=0.001)  # the waiter starts here
     _say(f"ready {index} {os.getpid()}")
@@ -54,6 +59,9 @@ def _ralph_agent(index: int, spec: dict[str, object]) -> None:
             if message.content == "stop":
                 return
             _say(f"lat {index} {now - int(message.content)}")
+            until = time.thread_time_ns() + busy_ns
+            while time.thread_time_ns() < until:  # the work an agent does with its mail
+                pass
 
 
 def _pipe_agent(index: int, spec: dict[str, object]) -> None:
@@ -94,6 +102,8 @@ def main(argv: list[str]) -> int:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
     agent = _ralph_agent if spec["kind"] == "ralph" else _pipe_agent
+    if spec.get("tree"):
+        sys.path.insert(0, spec["tree"])  # before the checkout the hive runs from
     if spec["kind"] == "ralph":
         _warm_up()
     children = []

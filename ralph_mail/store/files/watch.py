@@ -326,7 +326,7 @@ class Watcher:
 
     ``bell`` makes the doorbell of a waiter (the file store gives it; without one the
     way after it is taken), ``note`` leaves the note of a waiter that polls, saying why;
-    ``before`` runs before each wait (the file store's look at the kept cursors).
+    ``before`` runs before each wait (the file store's look at the kept cursors and inboxes).
     Changes that happen between two `wait` calls are kept (a rung FIFO, the kernel's
     inotify queue, watchfiles' thread) and reported by the next call, so nothing that
     arrives while the caller reads is missed. A waiter that must poll warns once.
