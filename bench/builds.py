@@ -1,6 +1,6 @@
 """Builds compared wake-up by wake-up: agents of each build waiting side by side.
 
-``python -m bench.builds TREE[:N] TREE[:N] ...`` starts, for each TREE (a checkout of
+``python -m bench.builds TREE[:N[/K]] ...`` starts, for each TREE (a checkout of
 the project; ``git worktree add --detach DIR COMMIT`` makes one for another commit, and
 ``.`` is this one), a sender and N agents (default 1) waiting in ``wait_for_messages``,
 all importing ralph_mail from that tree, the agents forked from one process by
@@ -9,6 +9,11 @@ apart, each build first every other time, until each build got ``--samples`` wak
 each agent reports its CLOCK_MONOTONIC minus the stamp taken just before the send. One
 run of the ``scale`` section moves by a quarter from the next on a shared machine;
 builds measured in the same seconds, interleaved, can be compared.
+
+``/K`` wakes that build only every K-th round (``--samples`` counts the rounds), so each
+of its agents sleeps as long as one of K times as many agents woken every round would:
+``.:1000 .:1/1000`` sets a thousand agents beside one agent woken as rarely as each of
+them, in the same seconds; ``.:1`` beside both is one agent woken every round.
 
 Two things beside the build move a wake-up, and the options hold them still:
 
@@ -26,6 +31,7 @@ Examples::
     python -m bench.builds /tmp/old . --busy-us 50
     python -m bench.builds /tmp/old . --pin 0,0
     python -m bench.builds /tmp/old:1000 .:1000 --samples 3000
+    python -m bench.builds .:1000 .:1 .:1/200 --samples 20000
 """
 
 from __future__ import annotations
@@ -83,7 +89,7 @@ def _side(tree: str, n: int, busy_us: int, pin: tuple[int, int] | None) -> None:
 
 
 def compare(
-    builds: list[tuple[str, int]], samples: int, busy_us: int, pin: tuple[int, int] | None
+    builds: list[tuple[str, int, int]], samples: int, busy_us: int, pin: tuple[int, int] | None
 ) -> list[list[float]]:
     """The wake-up latencies (ms) of each build, interleaved as the module says."""
     command = [sys.executable, "-m", "bench.builds", "--side"]
@@ -95,7 +101,7 @@ def compare(
             text=True,
             cwd=ROOT,
         )
-        for tree, n in builds
+        for tree, n, _ in builds
     ]
     try:
         for side in sides:
@@ -103,15 +109,18 @@ def compare(
             if side.stdout.readline().strip() != "ready":
                 raise SystemExit("a build's agents did not start: see the error above")
         rng = random.Random(30)
-        orders = [list(range(n)) for _, n in builds]
+        orders = [list(range(n)) for _, n, _ in builds]
         latencies: list[list[float]] = [[] for _ in builds]
         for k in range(samples):
             for j in range(len(builds)) if k % 2 else reversed(range(len(builds))):
-                side, order = sides[j], orders[j]
-                if k % len(order) == 0:
+                side, order, every = sides[j], orders[j], builds[j][2]
+                if k % every:
+                    continue
+                woken = len(latencies[j])
+                if woken % len(order) == 0:
                     rng.shuffle(order)
                 assert side.stdin is not None and side.stdout is not None
-                side.stdin.write(f"{order[k % len(order)]}\n")
+                side.stdin.write(f"{order[woken % len(order)]}\n")
                 side.stdin.flush()
                 line = side.stdout.readline()
                 if not line:
@@ -126,18 +135,23 @@ def compare(
             side.wait(timeout=120)
 
 
-def _build(value: str) -> tuple[str, int]:
-    tree, _, count = value.rpartition(":") if ":" in value else (value, "", "1")
+def _build(value: str) -> tuple[str, int, int]:
+    tree, _, rest = value.rpartition(":") if ":" in value else (value, "", "1")
+    count, _, every = rest.partition("/")
     if not count.isdigit() or int(count) < 1:
         raise argparse.ArgumentTypeError(
             f"{value!r}: N after the ':' is a count of agents, 1 or more"
+        )
+    if every and (not every.isdigit() or int(every) < 1):
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: K after the '/' is how many rounds pass between two wake-ups, 1 or more"
         )
     if not (Path(tree) / "ralph_mail" / "__init__.py").is_file():
         raise argparse.ArgumentTypeError(
             f"{tree!r} is not a checkout of ralph_mail (no ralph_mail/__init__.py): "
             "make one with 'git worktree add --detach DIR COMMIT'"
         )
-    return str(Path(tree).resolve()), int(count)
+    return str(Path(tree).resolve()), int(count), int(every or 1)
 
 
 def _pin(value: str) -> tuple[int, int]:
@@ -153,10 +167,11 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.builds", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    parser.add_argument("builds", nargs="*", type=_build, metavar="TREE[:N]",
-                        help="a checkout of the project, and its waiting agents")  # fmt: skip
+    parser.add_argument("builds", nargs="*", type=_build, metavar="TREE[:N[/K]]",
+                        help="a checkout of the project, its waiting agents, and how many "
+                             "rounds pass between two of its wake-ups")  # fmt: skip
     parser.add_argument("--samples", type=int, default=3_000,
-                        help="wake-ups per build (default 3,000)")  # fmt: skip
+                        help="rounds; each wakes each build without /K (default 3000)")  # fmt: skip
     parser.add_argument("--busy-us", type=int, default=0,
                         help="CPU µs each agent spends on a message (default 0)")  # fmt: skip
     parser.add_argument("--pin", type=_pin, help="S,A: the senders on CPU S, the agents on A")
@@ -172,13 +187,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             f"--samples {args.samples} --busy-us {args.busy_us}: give 1 or more, 0 or more"
         )
-    width = max(len(f"{tree}:{n}") for tree, n in args.builds)
-    for (tree, n), ms in zip(
-        args.builds, compare(args.builds, args.samples, args.busy_us, args.pin), strict=True
+    names = [f"{tree}:{n}" + (f"/{every}" if every > 1 else "") for tree, n, every in args.builds]
+    width = max(map(len, names))
+    for name, ms in zip(
+        names, compare(args.builds, args.samples, args.busy_us, args.pin), strict=True
     ):
         ms.sort()
         p90, p99 = (ms[min(len(ms) - 1, int(len(ms) * q))] for q in (0.9, 0.99))
-        print(f"{tree + ':' + str(n):<{width}}  p50 {statistics.median(ms):.3f} ms  "
+        print(f"{name:<{width}}  p50 {statistics.median(ms):.3f} ms  "
               f"p90 {p90:.3f} ms  p99 {p99:.3f} ms  ({len(ms)} wake-ups)")  # fmt: skip
     return 0
 

@@ -498,6 +498,7 @@ def targets(secs: Sections) -> list[Target]:
         add_ratio(f"{key}_peer", f"{key.replace('_', ' ')} vs MCP Agent Mail",
                   row(faces, fig_key), row(faces, peer_key), "faster", time_ratio,
                   lambda r: r < 1.0, "{r:.3f}x the peer's time")  # fmt: skip
+    _scale(secs.get("scale"), add_ratio, add_limit, out)
     for command in ("send", "read", "wait", "tail", "status", "ask", "reply", "history",
                     "task_done"):  # fmt: skip
         for suffix, how in (("", ""), ("_warm", " through `warm start`'s server")):
@@ -512,6 +513,24 @@ def targets(secs: Sections) -> list[Target]:
                 "{r:.1f}x",
             )
     return out
+
+
+def _scale(sec: Section | None, add_ratio: Callable[..., None],
+           add_limit: Callable[..., None], out: list[Target]) -> None:  # fmt: skip
+    """The many-agents targets, at the largest N the section measured."""
+    sizes = [int(r.key.split("_")[1]) for r in (sec.rows if sec else []) if r.key[:5] == "idle_"]
+    top = max(sizes, default=1000)
+    row = sec.row if sec is not None else lambda key: None
+    add_limit("scale_idle", row(f"idle_{top}"), "≤ 2 %", lambda v: v <= 2.0)
+    wake, label = row(f"wake_{top}"), f"{top:,} agents waiting: wake-up p99 beyond the FIFO floor's"
+    miss = _missing("scale_p99", label, "≤ 10 ms", wake)
+    beyond = _extra(wake, "p99_beyond_floor_ms") if miss is None and wake is not None else 0.0
+    out.append(miss or Target("scale_p99", label, f"{fmt(beyond, 'ms')} ms", "—", math.nan,
+                              "—", "≤ 10 ms", beyond <= 10.0))  # fmt: skip
+    add_ratio("scale_slept", f"{top:,} agents, each woken after it slept, vs one agent alone "
+              "woken after the same sleep (p50, in turn)", row(f"wake_{top}_slept"),
+              row("wake_lone"), "≤ 1x", lambda f, a: f.stat.median / a.stat.median,
+              lambda r: r <= 1.0, "{r:.2f}x")  # fmt: skip
 
 
 def machine() -> dict[str, Any]:

@@ -14,15 +14,19 @@ the same run so the machine's load weighs on both alike.
   alternating with a write into one FIFO of the baseline; each agent reports its
   CLOCK_MONOTONIC minus the stamp taken just before the send. p50 and p99 of each, and
   the p99 beyond the baseline's.
-- A wake-up after sleep: the one agent of N = 1 woken `COLD_SAMPLES` more times, each
-  after it slept `COLD_S` (the sender busy meanwhile): what a wake-up of one of many
-  agents, each asleep far longer, costs one agent alone.
+- A wake-up after sleep, at the largest N: one more agent, alone in a hive of its own,
+  and the N agents are woken in pairs, `COLD_SAMPLES` times, each pair after `COLD_S`
+  (the sender busy meanwhile): the lone agent slept `COLD_S`, each of the N far longer.
+  The lone agent's p50 is the single agent's floor for a wake-up from sleep, in the
+  same seconds: what each of many agents, woken one after another, waits for. (One
+  agent woken every few ms keeps its caches warm; asleep a second, it loses them.)
 - Memory: each agent's resident set (VmRSS) and its own part (private pages: the
   agents are forked from one process that imported ralph_mail, as the hive does).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import statistics
@@ -45,33 +49,40 @@ MIN_SAMPLES: Final = {"full": 300, "quick": 100, "smoke": 3}
 GAP_S: Final = 0.004
 #: How long the hives may take to start every agent (s): a thousand on a loaded machine.
 START_S: Final = 600.0
-#: The one agent of N = 1 is also woken after sleeping this long (s), `COLD_SAMPLES`
-#: times: each of many agents is woken after sleeping as long or longer, so this is the
-#: single agent's floor for them (its caches no longer hold it; the sender is kept busy
-#: meanwhile, as it is when it wakes one agent after another).
+#: At the largest N, a lone agent and one of the N are woken in turn after this sleep (s),
+#: `COLD_SAMPLES` times: each of many agents is woken after sleeping as long or longer,
+#: so the lone one's wake-up is the single agent's floor for theirs (its caches no longer
+#: hold it; the sender is kept busy meanwhile, as it is between two agents).
 COLD_S: Final = {"full": 1.5, "quick": 1.5, "smoke": 0.05}
-COLD_SAMPLES: Final = {"full": 30, "quick": 10, "smoke": 2}
+COLD_SAMPLES: Final = {"full": 60, "quick": 10, "smoke": 2}
 
 
 def run(sizes: Sizes, ws: Workspace) -> Section:
-    """One row set per N: idle CPU, wake p50/p99 beside the pipe floor, memory."""
+    """One row set per N: idle CPU, wake p50/p99 beside the pipe floor, memory; and at
+    the largest N, its agents and a lone one woken after sleeping."""
     sec = Section("scale", "Agents waiting on one host (idle CPU, wake-up ms, memory)")
     rm = ralph()
+    top = max(SCALE_SIZES[sizes.name])
     for n in SCALE_SIZES[sizes.name]:
         rows = _rows(sec, n, rm if isinstance(rm, str) else "ok")
         cold = None
-        if n == 1:
-            cold = sec.add(Row("wake_1_cold", f"1 agent waiting, woken after it slept "
-                                              f"{COLD_S[sizes.name]:g} s", "ms", "lower",
-                               status=rows[0].status, extra={"p99_ms": []},
-                               note="figure = p50: the single agent's floor for a wake-up "
-                                    "of one of many (each sleeps longer)"))  # fmt: skip
+        if n == top:
+            slept = f"{COLD_S[sizes.name]:g} s"
+            lone = sec.add(Row("wake_lone", f"1 agent alone, woken after it slept {slept}",
+                               "ms", "lower", status=rows[0].status, extra={"p99_ms": []},
+                               note=f"figure = p50, in turn with the {n} agents below: the "
+                                    "single agent's floor for a wake-up from sleep"))  # fmt: skip
+            many = sec.add(Row(f"wake_{n}_slept", f"{n} agents waiting, each woken after it "
+                                                  f"slept {slept} or more", "ms", "lower",
+                               anchor=lone.key, status=rows[0].status,
+                               extra={"p99_ms": []}, note="figure = p50"))  # fmt: skip
+            cold = lone, many
         if rows[0].status != "ok":
             continue
         try:
             _measure(n, sizes.name, ws, rows, cold)
         except Exception as exc:  # one N failing must not sink the others
-            for row in rows:
+            for row in (*rows, *(cold or ())):
                 if not row.values:
                     row.status = f"failed: {type(exc).__name__}: {exc}"
     return sec
@@ -99,7 +110,11 @@ def _rows(sec: Section, n: int, status: str) -> tuple[Row, Row, Row, Row]:
 
 
 def _measure(
-    n: int, mode: str, ws: Workspace, rows: tuple[Row, Row, Row, Row], cold: Row | None
+    n: int,
+    mode: str,
+    ws: Workspace,
+    rows: tuple[Row, Row, Row, Row],
+    cold: tuple[Row, Row] | None,
 ) -> None:
     rm = ralph()
     assert not isinstance(rm, str)
@@ -107,20 +122,30 @@ def _measure(
     home = ws.fresh(f"scale{n}")
     fifos = ws.fresh(f"scale{n}-fifos")
     names = [f"a{i}" for i in range(n)]
-    rm.create_team("scale", ["sender", *names], home=home)
+    rm.create_team("scale", ["sender", "lone", *names], home=home)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RALPH_")}
-    with (
-        Hive({"kind": "ralph", "agents": names, "home": str(home), "team": "scale"}, env) as bees,
-        Hive({"kind": "pipe", "agents": names, "fifos": str(fifos)}, env) as floor,
-    ):
+    with contextlib.ExitStack() as hives:
+        spec = {"kind": "ralph", "agents": names, "home": str(home), "team": "scale"}
+        bees = hives.enter_context(Hive(spec, env))
+        floor = hives.enter_context(
+            Hive({"kind": "pipe", "agents": names, "fifos": str(fifos)}, env)
+        )
+        alone = (
+            None if cold is None else hives.enter_context(Hive(spec | {"agents": ["lone"]}, env))
+        )
         pids = list(bees.ready(START_S).values())
         floor.ready(START_S)
+        if alone is not None:
+            alone.ready(START_S)
         bus = rm.MessageBus("scale", "sender", home=home)
         try:
             for name in names:  # one message each: every agent has read and waits again
                 bus.send(name, "text", str(time.monotonic_ns()))
             for _ in names:
                 bees.latency(START_S)
+            if alone is not None:
+                bus.send("lone", "text", str(time.monotonic_ns()))
+                alone.latency(START_S)
             windows = []
             start = time.monotonic()
             for begin in (0.0, SETTLE_S[mode]):
@@ -137,10 +162,11 @@ def _measure(
             rss.values.append(statistics.median(r for r, _ in sizes))
             rss.extra["private_mib"].append(statistics.median(p for _, p in sizes))
             ours, floors = _wake_ups(n, mode, bus, names, bees, floor, str(fifos))
-            if cold is not None:
-                woken = _cold_wake_ups(mode, bus, names[0], bees, floor, str(fifos))
-                cold.values.append(percentile(woken, 50))
-                cold.extra["p99_ms"].append(percentile(woken, 99))
+            if cold is not None and alone is not None:
+                pairs = _cold_wake_ups(mode, bus, names, (alone, bees), floor, str(fifos))
+                for row, woken in zip(cold, pairs, strict=True):
+                    row.values.append(percentile(woken, 50))
+                    row.extra["p99_ms"].append(percentile(woken, 99))
         finally:
             bus.close()
     wake.values.append(percentile(ours, 50))
@@ -180,18 +206,22 @@ def _wake_ups(
 
 
 def _cold_wake_ups(
-    mode: str, bus: object, name: str, bees: Hive, floor: Hive, fifos: str
-) -> list[float]:
-    """Wake ``name`` after it slept `COLD_S` each time, the sender ringing the FIFO
-    reader meanwhile as `_wake_ups` does (it stays as warm as there); latencies in ms."""
-    woken: list[float] = []
-    for _ in range(COLD_SAMPLES[mode]):
+    mode: str, bus: object, names: list[str], hives: tuple[Hive, Hive], floor: Hive, fifos: str
+) -> tuple[list[float], list[float]]:
+    """After each sleep of `COLD_S` (the sender ringing the FIFO reader meanwhile, as
+    `_wake_ups` does: it stays as warm as there), wake the lone agent and the next of
+    ``names``, each first every other time; both latencies in ms."""
+    woken: tuple[list[float], list[float]] = ([], [])
+    for k in range(COLD_SAMPLES[mode]):
         slept = time.monotonic() + COLD_S[mode]
         while time.monotonic() < slept:
             _ring(floor, fifos, 0)
             time.sleep(2 * GAP_S)
-        bus.send(name, "text", str(time.monotonic_ns()))  # type: ignore[attr-defined]
-        woken.append(bees.latency(60.0)[1] / 1e6)
+        for side in (0, 1) if k % 2 else (1, 0):
+            name = "lone" if side == 0 else names[k % len(names)]
+            bus.send(name, "text", str(time.monotonic_ns()))  # type: ignore[attr-defined]
+            woken[side].append(hives[side].latency(60.0)[1] / 1e6)
+            time.sleep(GAP_S)
     return woken
 
 

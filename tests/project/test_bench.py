@@ -92,6 +92,9 @@ TARGETS = {
     "cli_reply_warm",
     "cli_history_warm",
     "cli_task_done_warm",
+    "scale_idle",
+    "scale_p99",
+    "scale_slept",
 }
 #: Statuses that are not a failure: an optional peer missing, or no ralph-mail script
 #: beside the interpreter (an install without console scripts).
@@ -157,6 +160,17 @@ def test_ralph_mail_itself_was_measured(report: dict[str, Any]) -> None:
     for key in ("ralph_send", "ralph_send_durable", "poll_100", "backlog_1000", "ralph",
                 "ask_roundtrip", "history_big", "bus_tasks"):  # fmt: skip
         assert rows[key]["status"] == "ok", (key, rows[key]["status"])
+
+
+def test_the_scale_section_measures_its_agents_beside_a_lone_one(report: dict[str, Any]) -> None:
+    """At its largest N the scale section wakes one of the N agents and a lone agent in
+    turn, each after a sleep, and judges the N against the lone one."""
+    rows = {r["key"]: r for r in report["sections"]["scale"]["rows"]}
+    for key in ("wake_lone", "wake_3_slept", "wake_3", "idle_3"):
+        assert rows[key]["status"] == "ok" and rows[key]["values"], key
+    assert rows["wake_3_slept"]["anchor"] == "wake_lone"
+    judged = {t["key"]: t for t in report["targets"]}
+    assert all(judged[k]["met"] is not None for k in ("scale_idle", "scale_p99", "scale_slept"))
 
 
 def test_the_mcp_agent_mail_peer_says_how_to_get_it(report: dict[str, Any]) -> None:
@@ -260,33 +274,32 @@ def test_the_ask_path_tool_refuses_a_bad_count_in_one_line() -> None:
 
 def test_the_builds_tool_compares_checkouts_wake_up_by_wake_up() -> None:
     """bench/builds.py (cited in docs/performance.md) wakes agents of each checkout in
-    turn and prints each one's percentiles, with agents that work on their mail and with
-    the processes pinned to CPUs."""
+    turn and prints each one's percentiles, with agents that work on their mail, with
+    the processes pinned to CPUs, and with a build woken only every K-th round."""
     runs = [
-        [".", ".:3", "--samples", "12", "--busy-us", "20"],
-        [".", "--samples", "4", "--pin", "0,0"],
+        ([".", ".:3", "--samples", "12", "--busy-us", "20"], ["1", "3"], [12, 12]),
+        ([".", "--samples", "4", "--pin", "0,0"], ["1"], [4]),
+        ([".:2", ".:1/4", "--samples", "10"], ["2", "1/4"], [10, 3]),
     ]
-    for args in runs:
+    for args, agents, woken in runs:
         done = subprocess.run(
             [sys.executable, "-m", "bench.builds", *args],
             capture_output=True, text=True, timeout=120, cwd=REPO,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         rows = done.stdout.splitlines()
-        builds = args[: args.index("--samples")]
-        assert len(rows) == len(builds)
-        for row, build in zip(rows, builds, strict=True):
+        assert len(rows) == len(agents)
+        for row, count, wakes in zip(rows, agents, woken, strict=True):
             name, _, p50, _, *_ = row.split()
-            assert name == f"{REPO}:{build.partition(':')[2] or 1}"
-            assert float(p50) > 0 and row.endswith(
-                f"({args[args.index('--samples') + 1]} wake-ups)"
-            )
+            assert name == f"{REPO}:{count}"
+            assert float(p50) > 0 and row.endswith(f"({wakes} wake-ups)")
 
 
 def test_the_builds_tool_refuses_what_is_not_a_checkout_in_one_line(tmp_path: Path) -> None:
     for args, says in [
         ([str(tmp_path)], "is not a checkout of ralph_mail"),
         ([".:0"], "N after the ':' is a count of agents"),
+        ([".:1/0"], "K after the '/' is how many rounds pass between two wake-ups"),
         ([".", "--pin", "0,99"], "give S,A, two CPUs of"),
     ]:
         done = subprocess.run(
