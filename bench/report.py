@@ -527,8 +527,8 @@ def _scale(sec: Section | None, add_ratio: Callable[..., None],
     beyond = _extra(wake, "p99_beyond_floor_ms") if miss is None and wake is not None else 0.0
     out.append(miss or Target("scale_p99", label, f"{fmt(beyond, 'ms')} ms", "—", math.nan,
                               "—", "≤ 10 ms", beyond <= 10.0))  # fmt: skip
-    add_ratio("scale_slept", f"{top:,} agents, each woken after it slept, vs one agent alone "
-              "woken after the same sleep (p50, in turn)", row(f"wake_{top}_slept"),
+    add_ratio("scale_slept", f"{top:,} agents woken in turn vs one agent alone woken among "
+              "them, asleep less than each (p50)", row(f"wake_{top}_slept"),
               row("wake_lone"), "≤ 1x", lambda f, a: f.stat.median / a.stat.median,
               lambda r: r <= 1.0, "{r:.2f}x")  # fmt: skip
 

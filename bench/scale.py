@@ -14,12 +14,13 @@ the same run so the machine's load weighs on both alike.
   alternating with a write into one FIFO of the baseline; each agent reports its
   CLOCK_MONOTONIC minus the stamp taken just before the send. p50 and p99 of each, and
   the p99 beyond the baseline's.
-- A wake-up after sleep, at the largest N: one more agent, alone in a hive of its own,
-  and the N agents are woken in pairs, `COLD_SAMPLES` times, each pair after `COLD_S`
-  (the sender busy meanwhile): the lone agent slept `COLD_S`, each of the N far longer.
-  The lone agent's p50 is the single agent's floor for a wake-up from sleep, in the
-  same seconds: what each of many agents, woken one after another, waits for. (One
-  agent woken every few ms keeps its caches warm; asleep a second, it loses them.)
+- A wake-up after sleep, at the largest N: one more agent, alone in a hive of its own, is
+  woken `COLD_SAMPLES` times, every `COLD_S`, and between two of its wake-ups the N
+  agents are woken one after another, `GAP_S` apart, so each of them sleeps longer
+  than it does. The lone agent's p50 is the single agent's floor for a wake-up from
+  sleep, on a host as busy, in the same seconds: what each of many agents woken in
+  turn waits for. (One agent woken every few ms keeps its caches warm; one that slept
+  a second while others ran has lost them.)
 - Memory: each agent's resident set (VmRSS) and its own part (private pages: the
   agents are forked from one process that imported ralph_mail, as the hive does).
 """
@@ -49,10 +50,9 @@ MIN_SAMPLES: Final = {"full": 300, "quick": 100, "smoke": 3}
 GAP_S: Final = 0.004
 #: How long the hives may take to start every agent (s): a thousand on a loaded machine.
 START_S: Final = 600.0
-#: At the largest N, a lone agent and one of the N are woken in turn after this sleep (s),
-#: `COLD_SAMPLES` times: each of many agents is woken after sleeping as long or longer,
-#: so the lone one's wake-up is the single agent's floor for theirs (its caches no longer
-#: hold it; the sender is kept busy meanwhile, as it is between two agents).
+#: At the largest N, a lone agent is woken every this many s, `COLD_SAMPLES` times, the N
+#: agents woken one after another in between: each of them sleeps as long or longer, so
+#: the lone one's wake-up is the single agent's floor for theirs.
 COLD_S: Final = {"full": 1.5, "quick": 1.5, "smoke": 0.05}
 COLD_SAMPLES: Final = {"full": 60, "quick": 10, "smoke": 2}
 
@@ -68,12 +68,13 @@ def run(sizes: Sizes, ws: Workspace) -> Section:
         cold = None
         if n == top:
             slept = f"{COLD_S[sizes.name]:g} s"
-            lone = sec.add(Row("wake_lone", f"1 agent alone, woken after it slept {slept}",
-                               "ms", "lower", status=rows[0].status, extra={"p99_ms": []},
-                               note=f"figure = p50, in turn with the {n} agents below: the "
-                                    "single agent's floor for a wake-up from sleep"))  # fmt: skip
-            many = sec.add(Row(f"wake_{n}_slept", f"{n} agents waiting, each woken after it "
-                                                  f"slept {slept} or more", "ms", "lower",
+            lone = sec.add(Row("wake_lone", f"1 agent alone, woken every {slept} between "
+                                            f"the {n} agents' wake-ups", "ms", "lower",
+                               status=rows[0].status, extra={"p99_ms": []},
+                               note="figure = p50: the single agent's floor for a wake-up "
+                                    "from sleep on a host as busy"))  # fmt: skip
+            many = sec.add(Row(f"wake_{n}_slept", f"{n} agents waiting, woken in turn around "
+                                                  "it (each asleep longer)", "ms", "lower",
                                anchor=lone.key, status=rows[0].status,
                                extra={"p99_ms": []}, note="figure = p50"))  # fmt: skip
             cold = lone, many
@@ -163,7 +164,7 @@ def _measure(
             rss.extra["private_mib"].append(statistics.median(p for _, p in sizes))
             ours, floors = _wake_ups(n, mode, bus, names, bees, floor, str(fifos))
             if cold is not None and alone is not None:
-                pairs = _cold_wake_ups(mode, bus, names, (alone, bees), floor, str(fifos))
+                pairs = _cold_wake_ups(mode, bus, names, (alone, bees))
                 for row, woken in zip(cold, pairs, strict=True):
                     row.values.append(percentile(woken, 50))
                     row.extra["p99_ms"].append(percentile(woken, 99))
@@ -206,22 +207,23 @@ def _wake_ups(
 
 
 def _cold_wake_ups(
-    mode: str, bus: object, names: list[str], hives: tuple[Hive, Hive], floor: Hive, fifos: str
+    mode: str, bus: object, names: list[str], hives: tuple[Hive, Hive]
 ) -> tuple[list[float], list[float]]:
-    """After each sleep of `COLD_S` (the sender ringing the FIFO reader meanwhile, as
-    `_wake_ups` does: it stays as warm as there), wake the lone agent and the next of
-    ``names``, each first every other time; both latencies in ms."""
+    """Wake the lone agent every `COLD_S`, `COLD_SAMPLES` times, the agents of ``names``
+    one after another in between; the lone one's latencies and theirs, in ms."""
     woken: tuple[list[float], list[float]] = ([], [])
-    for k in range(COLD_SAMPLES[mode]):
+    turn = 0
+    for _ in range(COLD_SAMPLES[mode]):
         slept = time.monotonic() + COLD_S[mode]
-        while time.monotonic() < slept:
-            _ring(floor, fifos, 0)
-            time.sleep(2 * GAP_S)
-        for side in (0, 1) if k % 2 else (1, 0):
-            name = "lone" if side == 0 else names[k % len(names)]
+        while True:
+            last = time.monotonic() >= slept
+            name, side = ("lone", 0) if last else (names[turn % len(names)], 1)
             bus.send(name, "text", str(time.monotonic_ns()))  # type: ignore[attr-defined]
             woken[side].append(hives[side].latency(60.0)[1] / 1e6)
-            time.sleep(GAP_S)
+            time.sleep(GAP_S)  # pacing, not synchronisation
+            if last:
+                break
+            turn += 1
     return woken
 
 
