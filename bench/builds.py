@@ -40,13 +40,14 @@ import argparse
 import os
 import random
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Final
+
+from bench.common import percentile
 
 #: The directory ``-m bench.builds`` runs from (the sides find the package there).
 ROOT: Final = Path(__file__).resolve().parent.parent
@@ -192,10 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, ms in zip(
         names, compare(args.builds, args.samples, args.busy_us, args.pin), strict=True
     ):
-        ms.sort()
-        p90, p99 = (ms[min(len(ms) - 1, int(len(ms) * q))] for q in (0.9, 0.99))
-        print(f"{name:<{width}}  p50 {statistics.median(ms):.3f} ms  "
-              f"p90 {p90:.3f} ms  p99 {p99:.3f} ms  ({len(ms)} wake-ups)")  # fmt: skip
+        p50, p90, p99 = (percentile(ms, q) for q in (50, 90, 99))
+        print(f"{name:<{width}}  p50 {p50:.3f} ms  p90 {p90:.3f} ms  p99 {p99:.3f} ms  "
+              f"({len(ms)} wake-ups)")  # fmt: skip
     return 0
 
 
